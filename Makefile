@@ -1,0 +1,36 @@
+# Set-up and checks. `make test` from a fresh clone creates .venv, installs the project with
+# the pinned torch, then runs lint and the test suite.
+PYTHON ?= python3
+VENV ?= .venv
+# CPU wheel by default; override for another build, e.g. `make setup TORCH_SPEC=torch==2.5.1`.
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test lint format bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -e ".[dev]" "$(TORCH_SPEC)"
+	touch $(STAMP)
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+format: setup
+	$(BIN)/ruff format src tests benchmarks
+	$(BIN)/ruff check --fix src tests benchmarks
+
+bench: setup
+	$(BIN)/python benchmarks/step_time.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,380 @@
+"""Typed, validated run configuration.
+
+A run config has four sections, each a frozen dataclass: ``data``, ``model``, ``train`` and
+``decode``. YAML files are loaded with :func:`load_config`; every key is checked against the
+dataclass fields and their types on load, and a bad key or value raises :class:`ConfigError`
+naming the dotted key, the value and what is allowed. Only the builders read this module's
+objects; modules receive explicit keyword arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration key or value that is not allowed."""
+
+
+# --------------------------------------------------------------------------------------------
+# Sections
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture. Defaults are the Weighted Transformer (A) of the paper (Table 2)."""
+
+    attention: Literal["multihead", "branched"] = "branched"
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    d_model: int = 512
+    heads: int = 8  # = branches M when attention == "branched"
+    d_ff: int = 2048
+    dropout: float = 0.1  # residual dropout P_drop
+    attention_dropout: float = 0.1  # on the softmax output
+    activation_dropout: float = 0.0  # after the FFN's ReLU
+    norm: Literal["post", "pre"] = "post"
+    positions: Literal["sinusoidal", "learned"] = "sinusoidal"
+    max_positions: int = 1024
+    # Weighted Transformer options (used when attention == "branched")
+    decoder_self_attention: Literal["multihead", "weighted"] = "multihead"
+    branch_ffn: Literal["split", "shared"] = "split"
+    branch_weights: Literal["simplex", "softmax", "topk"] = "simplex"
+    branch_topk: int = 2  # k for branch_weights == "topk"
+    branch_init: Literal["random", "uniform"] = "random"
+    # Transparent attention (Bapna et al., 2018)
+    encoder_combination: Literal["top", "transparent"] = "top"
+    transparent_dropout: float = 0.1
+
+    def __post_init__(self) -> None:
+        _positive(self, "model", "encoder_layers", "decoder_layers", "d_model", "heads", "d_ff")
+        _positive(self, "model", "max_positions", "branch_topk")
+        _probability(self, "model", "dropout", "attention_dropout", "activation_dropout")
+        _probability(self, "model", "transparent_dropout")
+        if self.d_model % self.heads:
+            raise ConfigError(
+                f"model.d_model={self.d_model} is not divisible by model.heads={self.heads}"
+            )
+        if self.d_model % 2:
+            raise ConfigError(f"model.d_model={self.d_model} must be even (sinusoidal positions)")
+        if self.attention == "branched" and self.branch_ffn == "split" and self.d_ff % self.heads:
+            raise ConfigError(
+                f"model.d_ff={self.d_ff} is not divisible by model.heads={self.heads}: "
+                "branch_ffn: split gives each of the M branches an FFN of width d_ff/M"
+            )
+        if self.branch_weights == "topk" and self.branch_topk > self.heads:
+            raise ConfigError(
+                f"model.branch_topk={self.branch_topk} exceeds the number of branches "
+                f"model.heads={self.heads}"
+            )
+
+    @property
+    def branches(self) -> int:
+        return self.heads
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the parallel data comes from and how it becomes subword ids."""
+
+    corpus: str | None = "tatoeba-deu-eng"  # a named corpus, or null with src/tgt/tsv files
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    train_src: str | None = None
+    train_tgt: str | None = None
+    train_tsv: str | None = None
+    valid_src: str | None = None
+    valid_tgt: str | None = None
+    test_src: str | None = None
+    test_tgt: str | None = None
+    prepared_dir: str = "data-bin/{corpus}.{src_lang}-{tgt_lang}"
+    # Tatoeba has no standard split: a seeded split by unique English sentence.
+    split_seed: int = 1
+    train_size: int | None = None  # None: everything not in dev/test
+    valid_size: int = 1000
+    test_size: int = 1000
+    max_words: int | None = None  # keep only pairs whose sides have at most this many words
+    # Subword vocabulary (sentencepiece, shared by both languages)
+    vocab_size: int = 8000
+    spm_model_type: Literal["bpe", "unigram"] = "bpe"
+    character_coverage: float = 1.0
+    spm_seed: int = 1
+    spm_max_sentences: int = 2_000_000
+    # Cleaning (train split): over-long pairs and duplicates are dropped and counted
+    max_tokens_per_side: int = 250
+    max_length_ratio: float = 3.0
+    drop_duplicates: bool = True
+
+    def __post_init__(self) -> None:
+        _positive(self, "data", "vocab_size", "valid_size", "test_size", "max_tokens_per_side")
+        _positive(self, "data", "spm_max_sentences")
+        if self.train_size is not None:
+            _positive(self, "data", "train_size")
+        if self.max_words is not None:
+            _positive(self, "data", "max_words")
+        if not 0.0 < self.character_coverage <= 1.0:
+            raise ConfigError(
+                f"data.character_coverage={self.character_coverage} must be in (0, 1]"
+            )
+        if self.max_length_ratio < 1.0:
+            raise ConfigError(f"data.max_length_ratio={self.max_length_ratio} must be >= 1")
+
+
+@dataclass(frozen=True)
+class DisagreementConfig:
+    """Disagreement regularization of attention heads (Li et al., 2018)."""
+
+    terms: tuple[Literal["subspace", "position", "output"], ...] = ()
+    modules: tuple[Literal["encoder_self", "decoder_self", "encoder_decoder"], ...] = (
+        "encoder_self",
+        "decoder_self",
+        "encoder_decoder",
+    )
+    weight: float = 1.0  # λ
+
+    def __post_init__(self) -> None:
+        if self.weight < 0:
+            raise ConfigError(f"train.disagreement.weight={self.weight} must be >= 0")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The paper's training procedure (§4.1)."""
+
+    seed: int = 1
+    max_tokens: int = 4096  # padded source + target tokens per batch
+    update_freq: int = 1  # gradient accumulation
+    lr_scale: float = 1.0
+    warmup: int = 4000
+    branch_warmup: int = 400
+    freeze_branch_weights: int = 10_000  # κ, α frozen for the last this-many steps
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-9
+    label_smoothing: float = 0.1
+    clip_norm: float | None = None
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    max_steps: int | None = 100_000
+    max_epochs: int | None = None
+    max_time: float | None = None  # seconds of wall clock
+    log_every: int = 100
+    valid_every: int = 1000
+    keep_checkpoints: int = 3
+    patience: int | None = None
+    best_metric: Literal["loss", "bleu"] = "loss"
+    threads: int | None = None
+    disagreement: DisagreementConfig = field(default_factory=DisagreementConfig)
+
+    def __post_init__(self) -> None:
+        _positive(self, "train", "max_tokens", "update_freq", "warmup", "branch_warmup")
+        _positive(self, "train", "log_every", "valid_every", "keep_checkpoints")
+        if self.freeze_branch_weights < 0:
+            raise ConfigError(
+                f"train.freeze_branch_weights={self.freeze_branch_weights} must be >= 0"
+            )
+        _probability(self, "train", "label_smoothing")
+        if self.max_steps is None and self.max_epochs is None and self.max_time is None:
+            raise ConfigError("train: set at least one of max_steps, max_epochs, max_time")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Search settings (Vaswani et al.: beam 4, length penalty α = 0.6)."""
+
+    beam: int = 4
+    nbest: int = 1
+    length_penalty: float = 0.6
+    max_len_a: float = 1.5  # maximum output length a·source_length + b
+    max_len_b: int = 10
+    batch_tokens: int = 4096
+
+    def __post_init__(self) -> None:
+        _positive(self, "decode", "beam", "nbest", "batch_tokens")
+        if self.nbest > self.beam:
+            raise ConfigError(f"decode.nbest={self.nbest} exceeds decode.beam={self.beam}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+
+# --------------------------------------------------------------------------------------------
+# Validation helpers used by __post_init__
+# --------------------------------------------------------------------------------------------
+
+
+def _positive(obj: Any, section: str, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value <= 0:
+            raise ConfigError(f"{section}.{name}={value!r} must be a positive integer")
+
+
+def _probability(obj: Any, section: str, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not 0.0 <= value < 1.0:
+            raise ConfigError(f"{section}.{name}={value!r} must be in [0, 1)")
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------
+
+PRESET_DIR = Path(__file__).resolve().parent / "configs"
+
+
+def _describe(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_describe(a) for a in get_args(tp))
+    if origin is tuple:
+        args = get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"a list of ({_describe(args[0])})"
+        return f"a list of {len(args)} values"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Check ``value`` against the annotation ``tp``; return it in the field's own type."""
+    origin = get_origin(tp)
+    if origin is Literal:
+        if value in get_args(tp):
+            return value
+    elif origin in (Union, types.UnionType):
+        for arg in get_args(tp):
+            try:
+                return _coerce(key, value, arg)
+            except ConfigError:
+                continue
+    elif origin is tuple:
+        args = get_args(tp)
+        if isinstance(value, (list, tuple)):
+            if len(args) == 2 and args[1] is Ellipsis:
+                return tuple(_coerce(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value))
+            if len(value) == len(args):
+                return tuple(_coerce(f"{key}[{i}]", v, a) for i, (v, a) in enumerate(zip(value, args)))
+    elif tp is type(None):
+        if value is None:
+            return None
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif dataclasses.is_dataclass(tp):
+        if isinstance(value, dict):
+            return _build(tp, value, key)
+    else:  # pragma: no cover - an annotation this loader does not know is a programming error
+        raise TypeError(f"unsupported config annotation {tp!r} for {key}")
+    raise ConfigError(f"{key}={value!r} is not allowed: expected {_describe(tp)}")
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        raise ConfigError(
+            f"unknown config key {where}{unknown[0]}: allowed keys in "
+            f"{prefix or 'the top level'} are {', '.join(sorted(names))}"
+        )
+    kwargs = {
+        name: _coerce(f"{prefix}.{name}" if prefix else name, value, hints[name])
+        for name, value in values.items()
+    }
+    return cls(**kwargs)
+
+
+def config_from_dict(values: dict[str, Any]) -> RunConfig:
+    """Build a validated :class:`RunConfig` from nested plain values (as YAML gives them)."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"a config must be a mapping of sections, got {type(values).__name__}")
+    return _build(RunConfig, values, "")
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """Plain nested values (tuples as lists), ready for YAML or JSON."""
+
+    def plain(value: Any) -> Any:
+        if dataclasses.is_dataclass(value):
+            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, tuple):
+            return [plain(v) for v in value]
+        return value
+
+    return plain(config)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``section.key=value`` → (["section", "key"], value parsed as YAML)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected section.key=value")
+    key, raw = text.split("=", 1)
+    path = key.strip().split(".")
+    if len(path) < 2 or not all(path):
+        raise ConfigError(f"--set {text!r}: the key must name a section, e.g. model.d_model=256")
+    return path, yaml.safe_load(raw) if raw.strip() else None
+
+
+def resolve_preset(name_or_path: str | Path) -> Path:
+    """A config file path, or the name of a preset shipped in ``wtnmt/configs``."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    preset = PRESET_DIR / f"{name_or_path}.yaml"
+    if preset.is_file():
+        return preset
+    names = ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.yaml")))
+    raise ConfigError(f"no config file {str(name_or_path)!r} and no preset of that name: "
+                      f"presets are {names}")
+
+
+def load_config(source: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Load a YAML config (a path or a preset name) and apply ``--set`` overrides."""
+    path = resolve_preset(source)
+    with open(path, encoding="utf-8") as f:
+        try:
+            values = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path}: a config must be a mapping of sections")
+    for text in overrides:
+        keys, value = parse_override(text)
+        node = values
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {text!r}: {k} is not a section")
+        node[keys[-1]] = value
+    try:
+        return config_from_dict(values)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None

@@ -1,0 +1,35 @@
+"""The Transformer and the Weighted Transformer (Ahmed, Keskar & Socher, 2017)."""
+
+from wtnmt.model.branch_weights import (
+    BranchWeights,
+    branch_weight_table,
+    override_branch_weights,
+)
+from wtnmt.model.build import build_model
+from wtnmt.model.outputs import (
+    AttentionInternals,
+    AttentionOutput,
+    EncoderOutput,
+    ModelInternals,
+    ModelOutput,
+)
+from wtnmt.model.simplex import project_branch_weights, project_simplex
+from wtnmt.model.transformer import DecoderCache, Seq2Seq, count_parameters, log_probs
+
+__all__ = [
+    "AttentionInternals",
+    "AttentionOutput",
+    "BranchWeights",
+    "DecoderCache",
+    "EncoderOutput",
+    "ModelInternals",
+    "ModelOutput",
+    "Seq2Seq",
+    "branch_weight_table",
+    "build_model",
+    "count_parameters",
+    "log_probs",
+    "override_branch_weights",
+    "project_branch_weights",
+    "project_simplex",
+]

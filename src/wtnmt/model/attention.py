@@ -1,0 +1,210 @@
+"""Scaled dot-product attention and multi-head attention (Vaswani et al., eq. 1–3).
+
+Inside the model, heads are kept *head-major*: ``[H, B, T, Dk]``. The head axis leads so
+that the branched sublayer can treat it as the batch axis of one ``bmm`` (no Python loop over
+branches, no copy between attention and the branch algebra). Internals handed to callers are
+transposed views in the conventional ``[B, H, T, Dk]`` layout.
+
+Projections carry no bias, as in tensor2tensor, the code the paper's numbers come from: a bias
+on W^{O_i} would be redundant with the branch FFN's b1_i, and leaving it out of both models
+keeps the Transformer and the Weighted Transformer at the same parameter count.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from wtnmt.model.outputs import AttentionInternals, AttentionOutput
+
+
+@dataclass
+class LayerCache:
+    """Keys and values one decoder layer has seen, for step-wise decoding.
+
+    Mutable on purpose: the attention modules append the new step's keys and values to
+    ``self_k``/``self_v``; ``cross_k``/``cross_v`` are computed once per source.
+    """
+
+    cross_k: Tensor  # [H, B, S, Dk]
+    cross_v: Tensor  # [H, B, S, Dk]
+    self_k: Tensor | None = None  # [H, B, t, Dk]
+    self_v: Tensor | None = None
+
+    def reorder(self, index: Tensor) -> LayerCache:
+        """Select batch rows (beam search): index [B'] → a cache of batch B'."""
+
+        def pick(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.index_select(1, index)
+
+        return LayerCache(
+            cross_k=pick(self.cross_k),  # type: ignore[arg-type]
+            cross_v=pick(self.cross_v),  # type: ignore[arg-type]
+            self_k=pick(self.self_k),
+            self_v=pick(self.self_v),
+        )
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    key_pad: Tensor | None,
+    causal: bool,
+    dropout_p: float,
+    need_probs: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """softmax(QKᵀ/√Dk)·V for head-major inputs (eq. 1).
+
+    q: [H, B, T, Dk], k and v: [H, B, S, Dk], key_pad: [B, S] True at padding.
+    Returns heads [H, B, T, Dk] and, when ``need_probs``, the probabilities [H, B, T, S]
+    before dropout. Without probabilities it runs PyTorch's fused kernel.
+    """
+    mask = None if key_pad is None else ~key_pad[None, :, None, :]  # [1, B, 1, S] True=attend
+    if not need_probs:
+        heads = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal and mask is None
+        )
+        if causal and mask is not None:  # pragma: no cover - the model never asks for both
+            raise ValueError("attend: causal attention with a key padding mask is not supported")
+        return heads, None
+    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.size(-1))  # [H, B, T, S]
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    if causal:
+        t, s = scores.shape[-2:]
+        future = torch.ones(t, s, dtype=torch.bool, device=q.device).triu(s - t + 1)
+        scores = scores.masked_fill(future, float("-inf"))
+    probs = scores.softmax(dim=-1)
+    dropped = F.dropout(probs, p=dropout_p) if dropout_p > 0 else probs
+    return torch.matmul(dropped, v), probs
+
+
+class HeadProjection(nn.Module):
+    """W_i^Q, W_i^K, W_i^V of all heads as one [3D, D] matrix (eq. 2 / eq. 5)."""
+
+    def __init__(self, *, d_model: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.weight = nn.Parameter(torch.empty(3 * d_model, d_model))
+        nn.init.xavier_uniform_(self.weight.view(3, d_model, d_model)[0])
+        nn.init.xavier_uniform_(self.weight.view(3, d_model, d_model)[1])
+        nn.init.xavier_uniform_(self.weight.view(3, d_model, d_model)[2])
+
+    def _split(self, x: Tensor, n: int) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, n, self.heads, -1).permute(2, 3, 0, 1, 4)  # [n, H, B, T, Dk]
+
+    def self_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x: [B, T, D] → q, k, v each [H, B, T, Dk], in one matmul."""
+        q, k, v = self._split(F.linear(x, self.weight), 3)
+        return q, k, v
+
+    def queries(self, x: Tensor) -> Tensor:
+        d = self.weight.size(1)
+        return self._split(F.linear(x, self.weight[:d]), 1)[0]  # [H, B, T, Dk]
+
+    def keys_values(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        d = self.weight.size(1)
+        k, v = self._split(F.linear(memory, self.weight[d:]), 2)  # [H, B, S, Dk] each
+        return k, v
+
+
+class HeadAttention(nn.Module):
+    """The heads of eq. 2 / eq. 5: projections and attention, self or over a memory.
+
+    Every attention flavour (multi-head, branched, weighted) owns one of these and differs
+    only in what it does with the heads afterwards.
+    """
+
+    def __init__(self, *, d_model: int, heads: int, dropout: float, causal: bool) -> None:
+        super().__init__()
+        self.heads = heads
+        self.causal = causal
+        self.dropout = dropout
+        self.proj = HeadProjection(d_model=d_model, heads=heads)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        key_pad: Tensor | None = None,
+        cache: LayerCache | None = None,
+        need_internals: bool = False,
+    ) -> tuple[Tensor, AttentionInternals | None]:
+        """x: [B, T, D]; memory: [B, S, D] for cross-attention, None for self-attention.
+
+        With a cache, self-attention appends this step's keys and values to it and attends to
+        the whole prefix; cross-attention reads the keys and values computed once per source.
+        Returns heads [H, B, T, Dk] and, when asked, the internals.
+        """
+        causal = self.causal
+        if memory is None:
+            q, k, v = self.proj.self_qkv(x)
+            if cache is not None:
+                if cache.self_k is not None:
+                    k = torch.cat([cache.self_k, k], dim=2)  # [H, B, t+1, Dk]
+                    v = torch.cat([cache.self_v, v], dim=2)  # type: ignore[list-item]
+                cache.self_k, cache.self_v = k, v
+                # one new query sees the whole prefix: no mask needed
+                causal = causal and q.size(2) > 1
+        elif cache is not None:
+            q, k, v = self.proj.queries(x), cache.cross_k, cache.cross_v
+        else:
+            q = self.proj.queries(x)
+            k, v = self.proj.keys_values(memory)
+        p = self.dropout if self.training else 0.0
+        heads, probs = attend(q, k, v, key_pad=key_pad, causal=causal, dropout_p=p,
+                              need_probs=need_internals)
+        if not need_internals:
+            return heads, None
+        assert probs is not None
+        internals = AttentionInternals(
+            probs=probs.transpose(0, 1),  # [B, H, T, S]
+            values=v.transpose(0, 1),  # [B, H, S, Dk]
+            heads=heads.transpose(0, 1),  # [B, H, T, Dk]
+        )
+        return heads, internals
+
+
+def merge_heads(heads: Tensor, w_out: Tensor) -> Tensor:
+    """Σ_h head_h · W^{O_h} = Concat(heads)·W^O (eq. 3).  heads [H,B,T,Dk], w_out [H,Dk,D]."""
+    h, b, t, dk = heads.shape
+    concat = heads.permute(1, 2, 0, 3).reshape(b * t, h * dk)  # [BT, D]
+    return (concat @ w_out.reshape(h * dk, -1)).view(b, t, -1)  # [B, T, D]
+
+
+def init_out_projection(w_out: Tensor) -> None:
+    """Xavier-uniform for W^O seen as one [D, D] matrix, whatever its head split."""
+    h, dk, d = w_out.shape
+    bound = math.sqrt(6.0 / (h * dk + d))
+    nn.init.uniform_(w_out, -bound, bound)
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1 … head_H)·W^O (eq. 2–3)."""
+
+    def __init__(self, *, d_model: int, heads: int, dropout: float, causal: bool) -> None:
+        super().__init__()
+        self.attn = HeadAttention(d_model=d_model, heads=heads, dropout=dropout, causal=causal)
+        self.w_out = nn.Parameter(torch.empty(heads, d_model // heads, d_model))  # W^O split
+        init_out_projection(self.w_out)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        key_pad: Tensor | None = None,
+        cache: LayerCache | None = None,
+        need_internals: bool = False,
+    ) -> AttentionOutput:
+        heads, internals = self.attn(x, memory, key_pad=key_pad, cache=cache,
+                                     need_internals=need_internals)
+        return AttentionOutput(out=merge_heads(heads, self.w_out), internals=internals)

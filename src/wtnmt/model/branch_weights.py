@@ -1,0 +1,98 @@
+"""κ and α: the learned branch weights of the Weighted Transformer (paper eq. 6–7).
+
+``BranchWeights`` holds the two vectors of one branched module and turns them into the
+weights in effect:
+
+- ``simplex`` (paper): κ and α are used as stored; training projects them onto the
+  probability simplex after every optimizer step (:func:`project_branch_weights`).
+- ``softmax`` (the mixture-of-experts normalisation the paper mentions in §3): the stored
+  vectors are logits and the weights in effect are their softmax.
+- ``topk`` (gating, §4.5): as ``simplex``, but only the k branches with the largest α
+  contribute, their α renormalised to sum to 1 as in sparsely-gated mixtures of experts.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from wtnmt.model.simplex import project_simplex
+
+WeightMode = Literal["simplex", "softmax", "topk"]
+InitMode = Literal["random", "uniform"]
+OverrideMode = Literal["learned", "uniform", "random"]
+
+
+class BranchWeights(nn.Module):
+    def __init__(self, *, branches: int, mode: WeightMode, topk: int, init: InitMode) -> None:
+        super().__init__()
+        self.mode = mode
+        self.topk = topk
+        self.kappa = nn.Parameter(torch.empty(branches))  # [M]
+        self.alpha = nn.Parameter(torch.empty(branches))  # [M]
+        self.reset(init)
+
+    @torch.no_grad()
+    def reset(self, how: InitMode | OverrideMode, generator: torch.Generator | None = None) -> None:
+        """Set κ and α to a point of the simplex: ``uniform`` 1/M, or ``random`` (uniform
+        draws, normalised, §4.1). ``learned`` leaves them as they are."""
+        if how == "learned":
+            return
+        for p in (self.kappa, self.alpha):
+            if how == "uniform":
+                point = torch.full_like(p, 1.0 / p.numel())
+            else:
+                draw = torch.rand(p.shape, generator=generator, dtype=p.dtype)
+                point = (draw / draw.sum()).to(p.device)
+            # under softmax the stored vector is a logit: log p has softmax p
+            p.copy_(point.log() if self.mode == "softmax" else point)
+
+    def forward(self) -> tuple[Tensor, Tensor]:
+        """The weights in effect, κ and α, each [M]."""
+        if self.mode == "softmax":
+            return self.kappa.softmax(-1), self.alpha.softmax(-1)
+        if self.mode == "topk":
+            keep = torch.zeros_like(self.alpha, dtype=torch.bool)
+            keep[self.alpha.topk(self.topk).indices] = True
+            gated = self.alpha * keep
+            return self.kappa, gated / gated.sum()
+        return self.kappa, self.alpha
+
+
+@torch.no_grad()
+def override_branch_weights(
+    model: nn.Module, how: OverrideMode, *, seed: int = 0
+) -> None:
+    """Replace the learned κ, α of every branched module in place (paper §4.4, Table 3).
+
+    ``uniform`` sets 1/M, ``random`` draws a seeded random point of the simplex for each
+    vector, ``learned`` changes nothing. Meant for evaluation: load a fresh copy to undo.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    for module in model.modules():
+        if isinstance(module, BranchWeights):
+            module.reset(how, generator)
+
+
+def branch_weight_table(model: nn.Module) -> dict[str, dict[str, list[float]]]:
+    """Module name → {"kappa": [...], "alpha": [...]} of the weights in effect."""
+    table = {}
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, BranchWeights):
+                kappa, alpha = module()
+                table[name.removesuffix(".branch_weights")] = {
+                    "kappa": kappa.tolist(),
+                    "alpha": alpha.tolist(),
+                }
+    return table
+
+
+__all__ = [
+    "BranchWeights",
+    "branch_weight_table",
+    "override_branch_weights",
+    "project_simplex",
+]

@@ -1,0 +1,149 @@
+"""Branched attention: the Weighted Transformer's sublayer (Ahmed et al., 2017, eq. 5–7).
+
+    head_i  = Attention(Q W_i^Q, K W_i^K, V W_i^V)                      eq. 5
+    hbar_i  = κ_i · head_i W^{O_i}                                      eq. 6
+    out     = Σ_i α_i · FFN_i(hbar_i)                                   eq. 7
+
+It replaces both the multi-head attention and the FFN sublayer of a Transformer layer.
+
+Fused forward. The tail is linear up to the ReLU, so with W_i = κ_i W^{O_i} W1_i:
+
+    hid_i = α_i · ReLU(head_i W_i + b1_i)                 [M, B·T, F/M]   one bmm over branches
+    out   = Concat_i(hid_i) · Stack_i(W2_i) + Σ_i α_i b2_i [B·T, D]       one matmul
+
+which is the same function with the same parameters (and so the same gradients), never builds
+the M D-wide activations hbar_i, and costs Dk·F + F·D multiply-adds per token instead of the
+D² + 2·D·F of the Transformer's W^O and FFN. ``branch_ffn: shared`` (one full-width FFN used by
+every branch) fuses the same way with W_i = κ_i W^{O_i} W1 and Σ_i hid_i · W2.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from wtnmt.model.attention import HeadAttention, LayerCache, init_out_projection, merge_heads
+from wtnmt.model.branch_weights import BranchWeights, InitMode, WeightMode
+from wtnmt.model.outputs import AttentionOutput
+
+
+class BranchedAttention(nn.Module):
+    """Σ_i α_i FFN_i(κ_i head_i W^{O_i}) over M = H branches, self- or cross-attention."""
+
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        branches: int,
+        d_ff: int,
+        ffn: Literal["split", "shared"],
+        weights: WeightMode,
+        topk: int,
+        init: InitMode,
+        attention_dropout: float,
+        activation_dropout: float,
+    ) -> None:
+        super().__init__()
+        m, dk = branches, d_model // branches
+        self.ffn = ffn
+        self.activation_dropout = activation_dropout
+        self.attn = HeadAttention(d_model=d_model, heads=m, dropout=attention_dropout,
+                                  causal=False)
+        self.w_out = nn.Parameter(torch.empty(m, dk, d_model))  # W^{O_i}: Dk × D, eq. 6
+        init_out_projection(self.w_out)
+        inner = d_ff // m if ffn == "split" else d_ff
+        lead = (m,) if ffn == "split" else ()
+        # FFN_i(x) = ReLU(x W1_i + b1_i) W2_i + b2_i; split: W1_i [D, F/M], W2_i [F/M, D]
+        self.w1 = nn.Parameter(torch.empty(*lead, d_model, inner))
+        self.b1 = nn.Parameter(torch.zeros(*lead, inner))
+        self.w2 = nn.Parameter(torch.empty(*lead, inner, d_model))
+        self.b2 = nn.Parameter(torch.zeros(*lead, d_model))
+        # the split FFNs are column/row blocks of one [D, F] / [F, D] matrix: initialise them
+        # as the Transformer's full-width FFN would be
+        bound = math.sqrt(6.0 / (d_model + d_ff))
+        nn.init.uniform_(self.w1, -bound, bound)
+        nn.init.uniform_(self.w2, -bound, bound)
+        self.branch_weights = BranchWeights(branches=m, mode=weights, topk=topk, init=init)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        key_pad: Tensor | None = None,
+        cache: LayerCache | None = None,
+        need_internals: bool = False,
+    ) -> AttentionOutput:
+        """x: [B, T, D] queries; memory: [B, S, D] (None: self-attention). → [B, T, D]."""
+        heads, internals = self.attn(x, memory, key_pad=key_pad, cache=cache,
+                                     need_internals=need_internals)  # [M, B, T, Dk]
+        kappa, alpha = self.branch_weights()  # [M] each
+        m, b, t, dk = heads.shape
+        flat = heads.reshape(m, b * t, dk)  # [M, BT, Dk]
+        if self.ffn == "split":
+            w = kappa[:, None, None] * torch.bmm(self.w_out, self.w1)  # [M, Dk, F/M]
+            hid = torch.baddbmm(self.b1[:, None, :], flat, w)  # [M, BT, F/M]
+        else:
+            w = kappa[:, None, None] * torch.matmul(self.w_out, self.w1)  # [M, Dk, F]
+            hid = torch.baddbmm(self.b1, flat, w)  # [M, BT, F]
+        hid = F.relu(hid) * alpha[:, None, None]  # α_i · ReLU(...)
+        if self.activation_dropout > 0:
+            hid = F.dropout(hid, p=self.activation_dropout, training=self.training)
+        if self.ffn == "split":
+            concat = hid.permute(1, 0, 2).reshape(b * t, -1)  # [BT, F] = Concat_i(hid_i)
+            out = torch.addmm(alpha @ self.b2, concat, self.w2.reshape(-1, self.w2.size(-1)))
+        else:
+            out = torch.addmm(alpha.sum() * self.b2, hid.sum(0), self.w2)  # Σ_i hid_i · W2
+        if internals is not None:
+            internals = replace(internals, kappa=kappa, alpha=alpha)
+        return AttentionOutput(out=out.view(b, t, -1), internals=internals)
+
+
+class WeightedAttention(nn.Module):
+    """Σ_i α_i κ_i head_i W^{O_i}, no FFN: ``decoder_self_attention: weighted``.
+
+    The other reading of the paper's "masked in the decoder layers": the decoder's masked
+    self-attention weighs its heads like a branched sublayer but keeps no FFN of its own.
+    """
+
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        branches: int,
+        weights: WeightMode,
+        topk: int,
+        init: InitMode,
+        attention_dropout: float,
+        causal: bool,
+    ) -> None:
+        super().__init__()
+        self.attn = HeadAttention(d_model=d_model, heads=branches, dropout=attention_dropout,
+                                  causal=causal)
+        self.w_out = nn.Parameter(torch.empty(branches, d_model // branches, d_model))
+        init_out_projection(self.w_out)
+        self.branch_weights = BranchWeights(branches=branches, mode=weights, topk=topk,
+                                            init=init)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        key_pad: Tensor | None = None,
+        cache: LayerCache | None = None,
+        need_internals: bool = False,
+    ) -> AttentionOutput:
+        heads, internals = self.attn(x, memory, key_pad=key_pad, cache=cache,
+                                     need_internals=need_internals)  # [M, B, T, Dk]
+        kappa, alpha = self.branch_weights()
+        w = (alpha * kappa)[:, None, None] * self.w_out  # [M, Dk, D]
+        if internals is not None:
+            internals = replace(internals, kappa=kappa, alpha=alpha)
+        return AttentionOutput(out=merge_heads(heads, w), internals=internals)
+

@@ -1,0 +1,64 @@
+"""Token embeddings (shared by source, target and output projection) and positions."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+class TokenEmbedding(nn.Module):
+    """One [V, D] matrix for source and target embeddings and the output projection (tied),
+    embeddings scaled by √D (Vaswani et al. §3.4)."""
+
+    def __init__(self, *, vocab_size: int, d_model: int, pad_id: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
+        self.scale = math.sqrt(d_model)
+        self.pad_id = pad_id
+        # N(0, D^-1/2): the scaled embedding then has unit variance, as the positions do
+        nn.init.normal_(self.weight, std=d_model**-0.5)
+        with torch.no_grad():
+            self.weight[pad_id].zero_()
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return nn.functional.embedding(tokens, self.weight, self.pad_id) * self.scale
+
+    def logits(self, x: Tensor) -> Tensor:
+        return x @ self.weight.t()  # [..., D] → [..., V]
+
+
+def sinusoid_table(length: int, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(pos / 10000^(2i/D))."""
+    pos = torch.arange(length, dtype=torch.float64)[:, None]  # [L, 1]
+    inv = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # [D/2]
+    table = torch.zeros(length, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(pos * inv)
+    table[:, 1::2] = torch.cos(pos * inv)
+    return table.float()
+
+
+class Positions(nn.Module):
+    """Sinusoidal (fixed) or learned position vectors, added to the scaled embeddings."""
+
+    def __init__(self, *, max_positions: int, d_model: int, learned: bool) -> None:
+        super().__init__()
+        self.max_positions = max_positions
+        self.learned: nn.Parameter | None = None
+        if learned:
+            self.learned = nn.Parameter(torch.empty(max_positions, d_model))
+            nn.init.normal_(self.learned, std=d_model**-0.5)
+        else:
+            self.register_buffer("table", sinusoid_table(max_positions, d_model),
+                                 persistent=False)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        """Positions offset … offset+length−1 → [length, D]."""
+        if offset + length > self.max_positions:
+            raise ValueError(
+                f"a sequence of {offset + length} tokens exceeds model.max_positions="
+                f"{self.max_positions}: shorten the input or raise max_positions"
+            )
+        table = self.learned if self.learned is not None else self.table
+        return table[offset : offset + length]

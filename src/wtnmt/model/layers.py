@@ -1,0 +1,146 @@
+"""Encoder and decoder layers, assembled from parts the builder hands them.
+
+A layer is a stack of sublayers, each wrapped in residual + dropout + layer norm:
+    norm: post   x = LN(x + Drop(Sublayer(x)))          (Vaswani et al.)
+    norm: pre    x = x + Drop(Sublayer(LN(x)))          (a final LN closes the stack)
+
+Transformer layers:        encoder [self-attn, FFN]     decoder [self-attn, cross-attn, FFN]
+Weighted Transformer:      encoder [branched self]      decoder [self-attn, branched cross]
+(the branched sublayer replaces attention *and* FFN; residual and norm go around all of it).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from wtnmt.model.attention import LayerCache
+from wtnmt.model.outputs import AttentionInternals, AttentionOutput
+
+
+class Attention(Protocol):
+    def __call__(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        key_pad: Tensor | None = None,
+        cache: LayerCache | None = None,
+        need_internals: bool = False,
+    ) -> AttentionOutput: ...
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (eq. 4)."""
+
+    def __init__(self, *, d_model: int, d_ff: int, activation_dropout: float) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, d_ff)
+        self.fc2 = nn.Linear(d_ff, d_model)
+        self.activation_dropout = activation_dropout
+        for fc in (self.fc1, self.fc2):
+            nn.init.xavier_uniform_(fc.weight)
+            nn.init.zeros_(fc.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.relu(self.fc1(x))
+        if self.activation_dropout > 0:
+            h = F.dropout(h, p=self.activation_dropout, training=self.training)
+        return self.fc2(h)
+
+
+class Residual(nn.Module):
+    """Residual connection, dropout and layer norm around one sublayer."""
+
+    def __init__(self, *, d_model: int, dropout: float, norm: Literal["post", "pre"]) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.pre = norm == "pre"
+
+    def forward(self, x: Tensor, sublayer) -> tuple[Tensor, AttentionInternals | None]:  # type: ignore[no-untyped-def]
+        """``sublayer`` maps [B, T, D] to an AttentionOutput or a tensor [B, T, D]."""
+        result = sublayer(self.norm(x) if self.pre else x)
+        out, internals = (
+            (result.out, result.internals) if isinstance(result, AttentionOutput) else (result, None)
+        )
+        if self.pre:
+            return x + self.dropout(out), internals
+        return self.norm(x + self.dropout(out)), internals
+
+
+class EncoderLayer(nn.Module):
+    def __init__(
+        self,
+        *,
+        self_attn: nn.Module,
+        ffn: nn.Module | None,
+        d_model: int,
+        dropout: float,
+        norm: Literal["post", "pre"],
+    ) -> None:
+        super().__init__()
+        self.self_attn = self_attn
+        self.self_attn_res = Residual(d_model=d_model, dropout=dropout, norm=norm)
+        self.ffn = ffn  # None when self_attn is a branched sublayer (it holds the FFNs)
+        self.ffn_res = Residual(d_model=d_model, dropout=dropout, norm=norm) if ffn else None
+
+    def forward(
+        self, x: Tensor, *, src_pad: Tensor | None, need_internals: bool = False
+    ) -> tuple[Tensor, AttentionInternals | None]:
+        """x: [B, S, D], src_pad: [B, S] True at padding (None: no padding)."""
+        x, internals = self.self_attn_res(
+            x, lambda h: self.self_attn(h, key_pad=src_pad, need_internals=need_internals)
+        )
+        if self.ffn is not None:
+            x, _ = self.ffn_res(x, self.ffn)  # type: ignore[misc]
+        return x, internals
+
+
+class DecoderLayer(nn.Module):
+    def __init__(
+        self,
+        *,
+        self_attn: nn.Module,
+        cross_attn: nn.Module,
+        ffn: nn.Module | None,
+        d_model: int,
+        dropout: float,
+        norm: Literal["post", "pre"],
+    ) -> None:
+        super().__init__()
+        self.self_attn = self_attn
+        self.self_attn_res = Residual(d_model=d_model, dropout=dropout, norm=norm)
+        self.cross_attn = cross_attn
+        self.cross_attn_res = Residual(d_model=d_model, dropout=dropout, norm=norm)
+        self.ffn = ffn  # None when cross_attn is a branched sublayer
+        self.ffn_res = Residual(d_model=d_model, dropout=dropout, norm=norm) if ffn else None
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        *,
+        src_pad: Tensor | None,
+        cache: LayerCache | None = None,
+        need_internals: bool = False,
+    ) -> tuple[Tensor, AttentionInternals | None, AttentionInternals | None]:
+        """x: [B, T, D] target states; memory: [B, S, D]. With a cache, T is one step.
+
+        Decoder self-attention is causal and takes no key padding mask: targets are padded on
+        the right, so a real position never sees a padded one through the causal mask.
+        """
+        x, self_int = self.self_attn_res(
+            x, lambda h: self.self_attn(h, cache=cache, need_internals=need_internals)
+        )
+        x, cross_int = self.cross_attn_res(
+            x,
+            lambda h: self.cross_attn(
+                h, memory, key_pad=src_pad, cache=cache, need_internals=need_internals
+            ),
+        )
+        if self.ffn is not None:
+            x, _ = self.ffn_res(x, self.ffn)  # type: ignore[misc]
+        return x, self_int, cross_int

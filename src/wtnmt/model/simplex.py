@@ -1,0 +1,41 @@
+"""Euclidean projection onto the probability simplex (Duchi et al., 2008, Fig. 1).
+
+The paper keeps κ and α on the simplex "by projection" after every training step (§3).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def project_simplex(v: Tensor) -> Tensor:
+    """argmin_w ‖w − v‖₂ subject to w ≥ 0, Σw = 1, over the last axis.
+
+    Sort-based, O(M log M): with u sorted in decreasing order, ρ is the largest j with
+    u_j − (Σ_{r≤j} u_r − 1)/j > 0, θ = (Σ_{r≤ρ} u_r − 1)/ρ and w = max(v − θ, 0).
+    """
+    u, _ = torch.sort(v, dim=-1, descending=True)
+    cumsum = u.cumsum(dim=-1) - 1.0
+    j = torch.arange(1, v.size(-1) + 1, device=v.device, dtype=v.dtype)
+    support = u - cumsum / j > 0  # a prefix of True values
+    rho = support.sum(dim=-1, keepdim=True)  # ≥ 1 always: u_1 − (u_1 − 1) = 1 > 0
+    theta = cumsum.gather(-1, rho - 1) / rho.to(v.dtype)
+    return (v - theta).clamp_min(0.0)
+
+
+@torch.no_grad()
+def project_branch_weights(model: nn.Module) -> int:
+    """Project κ and α of every branched module of ``model`` that uses simplex weights.
+
+    Returns how many weight vectors were projected. Call after every optimizer step.
+    """
+    from wtnmt.model.branch_weights import BranchWeights
+
+    count = 0
+    for module in model.modules():
+        if isinstance(module, BranchWeights) and module.mode != "softmax":
+            module.kappa.copy_(project_simplex(module.kappa))
+            module.alpha.copy_(project_simplex(module.alpha))
+            count += 2
+    return count

@@ -1,0 +1,165 @@
+"""The encoder–decoder: Transformer or Weighted Transformer, depending on its layers.
+
+The model computes; search, losses and regularizers live outside and use three entry points:
+
+    encode(src)                     → EncoderOutput     (once per source)
+    init_cache(enc) / decode_step   → logits of the next token, with a key/value cache
+    forward(src, tgt_in)            → ModelOutput       (teacher forcing, all positions)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from wtnmt.model.attention import LayerCache
+from wtnmt.model.embedding import Positions, TokenEmbedding
+from wtnmt.model.layers import DecoderLayer, EncoderLayer
+from wtnmt.model.outputs import AttentionInternals, EncoderOutput, ModelInternals, ModelOutput
+from wtnmt.model.transparent import TransparentCombination
+
+
+@dataclass
+class DecoderCache:
+    """Everything step-wise decoding carries from one step to the next."""
+
+    layers: list[LayerCache]
+    memories: list[Tensor]  # N_dec × [B, S, D] (kept for reordering and inspection)
+    src_pad: Tensor | None  # [B, S] True at padding; None when the batch has none
+    step: int = 0  # tokens decoded so far = position of the next input token
+
+    def reorder(self, index: Tensor) -> DecoderCache:
+        """Keep batch rows ``index`` [B'] (beam search reorders and expands hypotheses)."""
+        return DecoderCache(
+            layers=[layer.reorder(index) for layer in self.layers],
+            memories=[m.index_select(0, index) for m in self.memories],
+            src_pad=None if self.src_pad is None else self.src_pad.index_select(0, index),
+            step=self.step,
+        )
+
+
+class Seq2Seq(nn.Module):
+    def __init__(
+        self,
+        *,
+        embedding: TokenEmbedding,
+        positions: Positions,
+        encoder_layers: list[EncoderLayer],
+        decoder_layers: list[DecoderLayer],
+        pre_norm: bool,
+        transparent: TransparentCombination | None,
+        dropout: float,
+    ) -> None:
+        super().__init__()
+        self.embedding = embedding
+        self.positions = positions
+        self.encoder_layers = nn.ModuleList(encoder_layers)
+        self.decoder_layers = nn.ModuleList(decoder_layers)
+        d = embedding.weight.size(1)
+        # pre-norm stacks end with a layer norm; post-norm layers already end with one
+        self.encoder_norm = nn.LayerNorm(d) if pre_norm else None
+        self.decoder_norm = nn.LayerNorm(d) if pre_norm else None
+        self.transparent = transparent
+        self.dropout = nn.Dropout(dropout)
+        self.pad_id = embedding.pad_id
+
+    # ---------------------------------------------------------------------------------------
+    def embed(self, tokens: Tensor, offset: int = 0) -> Tensor:
+        """tokens [B, T] → Drop(√D·E[tokens] + PE) [B, T, D]."""
+        return self.dropout(self.embedding(tokens) + self.positions(tokens.size(1), offset))
+
+    def encode(self, src: Tensor, *, need_internals: bool = False) -> EncoderOutput:
+        """src: [B, S] token ids, right-padded with pad_id."""
+        src_pad = src.eq(self.pad_id)  # [B, S]
+        key_pad = src_pad if bool(src_pad.any()) else None  # no mask: the fused kernel's path
+        x = self.embed(src)
+        states, internals = [x], []
+        for layer in self.encoder_layers:
+            x, layer_internals = layer(x, src_pad=key_pad, need_internals=need_internals)
+            states.append(x)
+            if layer_internals is not None:
+                internals.append(layer_internals)
+        n_dec = len(self.decoder_layers)
+        weights = None
+        if self.transparent is not None:
+            memories, weights = self.transparent(states)
+        else:
+            memories = [states[-1]] * n_dec
+        if self.encoder_norm is not None:
+            memories = [self.encoder_norm(m) for m in memories]
+            if self.transparent is None:  # one top layer: normalise it once
+                memories = [memories[0]] * n_dec
+        return EncoderOutput(memories=memories, src_pad=src_pad, states=states,
+                             transparent_weights=weights, self_attention=internals)
+
+    def decode(
+        self, tgt_in: Tensor, enc: EncoderOutput, *, need_internals: bool = False
+    ) -> tuple[Tensor, list[AttentionInternals], list[AttentionInternals]]:
+        """Teacher-forced decoder: tgt_in [B, T] (starting with BOS) → logits [B, T, V]."""
+        key_pad = enc.src_pad if bool(enc.src_pad.any()) else None
+        x = self.embed(tgt_in)
+        self_ints, cross_ints = [], []
+        for layer, memory in zip(self.decoder_layers, enc.memories):
+            x, s_int, c_int = layer(x, memory, src_pad=key_pad, need_internals=need_internals)
+            if need_internals:
+                self_ints.append(s_int)
+                cross_ints.append(c_int)
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        return self.embedding.logits(x), self_ints, cross_ints
+
+    def forward(self, src: Tensor, tgt_in: Tensor, *, need_internals: bool = False) -> ModelOutput:
+        """src [B, S], tgt_in [B, T] → logits [B, T, V] of tgt_out (tgt_in shifted left)."""
+        enc = self.encode(src, need_internals=need_internals)
+        logits, self_ints, cross_ints = self.decode(tgt_in, enc, need_internals=need_internals)
+        if not need_internals:
+            return ModelOutput(logits=logits)
+        internals = ModelInternals(
+            encoder_self=enc.self_attention,
+            decoder_self=self_ints,
+            encoder_decoder=cross_ints,
+            src_pad=enc.src_pad,
+            tgt_pad=tgt_in.eq(self.pad_id),
+            encoder_states=enc.states,
+            transparent_weights=enc.transparent_weights,
+        )
+        return ModelOutput(logits=logits, internals=internals)
+
+    # ---------------------------------------------------------------------------------------
+    def init_cache(self, enc: EncoderOutput) -> DecoderCache:
+        """Compute every decoder layer's cross-attention keys and values once per source."""
+        layers = []
+        for layer, memory in zip(self.decoder_layers, enc.memories):
+            k, v = layer.cross_attn.attn.proj.keys_values(memory)  # [H, B, S, Dk] each
+            layers.append(LayerCache(cross_k=k, cross_v=v))
+        src_pad = enc.src_pad if bool(enc.src_pad.any()) else None
+        return DecoderCache(layers=layers, memories=enc.memories, src_pad=src_pad)
+
+    def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
+        """tokens [B]: the last token of each prefix → logits [B, V] of the next one.
+
+        Appends this step's keys and values to ``cache`` and advances ``cache.step``.
+        """
+        x = self.embed(tokens[:, None], offset=cache.step)  # [B, 1, D]
+        for layer, memory, layer_cache in zip(self.decoder_layers, cache.memories, cache.layers):
+            x, _, _ = layer(x, memory, src_pad=cache.src_pad, cache=layer_cache)
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        cache.step += 1
+        return self.embedding.logits(x[:, 0])  # [B, V]
+
+
+def log_probs(logits: Tensor) -> Tensor:
+    """Log-softmax in float32, whatever the compute dtype."""
+    return F.log_softmax(logits.float(), dim=-1)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Trainable parameters, each shared tensor counted once."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+__all__ = ["DecoderCache", "Seq2Seq", "count_parameters", "log_probs"]

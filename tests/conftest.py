@@ -1,0 +1,10 @@
+import sys
+from pathlib import Path
+
+import torch
+
+# tests import the reference implementations in this folder as plain modules
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# two cores on CI: keep intra-op threads from oversubscribing them
+torch.set_num_threads(min(2, torch.get_num_threads()))
