@@ -8,3 +8,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # two cores on CI: keep intra-op threads from oversubscribing them
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+from hypothesis import settings  # noqa: E402
+
+# torch's first calls are slow to warm up; time limits per example would only add flakiness
+settings.register_profile("wtnmt", deadline=None, max_examples=100)
+settings.load_profile("wtnmt")

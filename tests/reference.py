@@ -47,8 +47,12 @@ def naive_heads(
 
 
 def naive_branched(
-    module: BranchedAttention, x: Tensor, memory: Tensor | None = None,
-    key_pad: Tensor | None = None, kappa: Tensor | None = None, alpha: Tensor | None = None,
+    module: BranchedAttention,
+    x: Tensor,
+    memory: Tensor | None = None,
+    key_pad: Tensor | None = None,
+    kappa: Tensor | None = None,
+    alpha: Tensor | None = None,
 ) -> Tensor:
     """Σ_i α_i FFN_i(κ_i · head_i W^{O_i})  (eq. 6–7), with a loop over branches."""
     k_eff, a_eff = module.branch_weights()

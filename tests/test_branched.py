@@ -16,8 +16,15 @@ D, M, FF = 24, 4, 32
 def make_branched(ffn: str, weights: str, seed: int = 0) -> BranchedAttention:
     torch.manual_seed(seed)
     module = BranchedAttention(
-        d_model=D, branches=M, d_ff=FF, ffn=ffn, weights=weights, topk=2, init="random",
-        attention_dropout=0.0, activation_dropout=0.0,
+        d_model=D,
+        branches=M,
+        d_ff=FF,
+        ffn=ffn,
+        weights=weights,
+        topk=2,
+        init="random",
+        attention_dropout=0.0,
+        activation_dropout=0.0,
     ).double()
     with torch.no_grad():  # non-zero biases, so that a misplaced bias shows
         module.b1.normal_()
@@ -43,14 +50,16 @@ def assert_same_function(module, fused_fn, naive_fn) -> None:
     g = torch.Generator().manual_seed(7)
     fused = fused_fn()
     probe = torch.randn(fused.shape, generator=g, dtype=torch.float64)
-    fused_grads = torch.autograd.grad((fused * probe).sum(), list(module.parameters()),
-                                      allow_unused=True)
+    fused_grads = torch.autograd.grad(
+        (fused * probe).sum(), list(module.parameters()), allow_unused=True
+    )
     naive = naive_fn()
-    naive_grads = torch.autograd.grad((naive * probe).sum(), list(module.parameters()),
-                                      allow_unused=True)
+    naive_grads = torch.autograd.grad(
+        (naive * probe).sum(), list(module.parameters()), allow_unused=True
+    )
     torch.testing.assert_close(fused, naive, rtol=1e-9, atol=1e-12)
     names = [n for n, _ in module.named_parameters()]
-    for name, a, b in zip(names, fused_grads, naive_grads):
+    for name, a, b in zip(names, fused_grads, naive_grads, strict=True):
         assert (a is None) == (b is None), name
         if a is not None:
             scale = b.abs().max().clamp_min(1e-300)
@@ -86,8 +95,19 @@ def test_fused_cross_attention_equals_per_branch_loop(ffn, weights):
 @pytest.mark.parametrize("weights", ["simplex", "softmax", "topk"])
 def test_weighted_decoder_self_attention_equals_per_branch_loop(weights):
     torch.manual_seed(0)
-    module = WeightedAttention(d_model=D, branches=M, weights=weights, topk=2, init="random",
-                               attention_dropout=0.0, causal=True).double().eval()
+    module = (
+        WeightedAttention(
+            d_model=D,
+            branches=M,
+            weights=weights,
+            topk=2,
+            init="random",
+            attention_dropout=0.0,
+            causal=True,
+        )
+        .double()
+        .eval()
+    )
     x, _, _ = inputs()
     assert_same_function(module, lambda: module(x).out, lambda: naive_weighted(module, x))
 
@@ -96,7 +116,7 @@ def test_topk_uses_only_the_k_largest_alpha():
     module = make_branched("split", "topk")
     with torch.no_grad():
         module.branch_weights.alpha.copy_(torch.tensor([0.1, 0.4, 0.2, 0.3]))
-    kappa, alpha = module.branch_weights()
+    _, alpha = module.branch_weights()
     torch.testing.assert_close(alpha, torch.tensor([0, 0.4, 0, 0.3], dtype=torch.float64) / 0.7)
     x, memory, key_pad = inputs()
     # the two dropped branches cannot matter: scramble their FFNs
@@ -114,21 +134,26 @@ def test_unit_weights_recover_multihead_attention_with_one_ffn_per_head(ffn):
         module.branch_weights.kappa.fill_(1.0)
         module.branch_weights.alpha.fill_(1.0)
     mha = MultiHeadAttention(d_model=D, heads=M, dropout=0.0, causal=False).double().eval()
-    mha.load_state_dict({"attn.proj.weight": module.attn.proj.weight,
-                         "w_out": module.w_out})
+    mha.load_state_dict({"attn.proj.weight": module.attn.proj.weight, "w_out": module.w_out})
     x, memory, key_pad = inputs()
     heads = mha(x, memory, key_pad=key_pad, need_internals=True).internals.heads  # [B,H,T,Dk]
     expected = 0.0
     for i in range(M):
-        w1, b1, w2, b2 = ((module.w1[i], module.b1[i], module.w2[i], module.b2[i])
-                          if ffn == "split" else (module.w1, module.b1, module.w2, module.b2))
+        w1, b1, w2, b2 = (
+            (module.w1[i], module.b1[i], module.w2[i], module.b2[i])
+            if ffn == "split"
+            else (module.w1, module.b1, module.w2, module.b2)
+        )
         expected = expected + F.relu(heads[:, i] @ module.w_out[i] @ w1 + b1) @ w2 + b2
-    torch.testing.assert_close(module(x, memory, key_pad=key_pad).out, expected,
-                               rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(
+        module(x, memory, key_pad=key_pad).out, expected, rtol=1e-10, atol=1e-10
+    )
     # and the head outputs summed through W^O are exactly multi-head attention (eq. 3)
     torch.testing.assert_close(
         mha(x, memory, key_pad=key_pad).out,
-        sum(heads[:, i] @ module.w_out[i] for i in range(M)), rtol=1e-10, atol=1e-10,
+        sum(heads[:, i] @ module.w_out[i] for i in range(M)),
+        rtol=1e-10,
+        atol=1e-10,
     )
 
 

@@ -269,7 +269,10 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             if len(args) == 2 and args[1] is Ellipsis:
                 return tuple(_coerce(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value))
             if len(value) == len(args):
-                return tuple(_coerce(f"{key}[{i}]", v, a) for i, (v, a) in enumerate(zip(value, args)))
+                return tuple(
+                    _coerce(f"{key}[{i}]", v, a)
+                    for i, (v, a) in enumerate(zip(value, args, strict=True))
+                )
     elif tp is type(None):
         if value is None:
             return None
@@ -352,8 +355,9 @@ def resolve_preset(name_or_path: str | Path) -> Path:
     if preset.is_file():
         return preset
     names = ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.yaml")))
-    raise ConfigError(f"no config file {str(name_or_path)!r} and no preset of that name: "
-                      f"presets are {names}")
+    raise ConfigError(
+        f"no config file {str(name_or_path)!r} and no preset of that name: presets are {names}"
+    )
 
 
 def load_config(source: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:

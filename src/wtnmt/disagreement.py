@@ -66,7 +66,10 @@ def position_disagreement(probs: Tensor, query_pad: Tensor | None) -> Tensor:
 
 
 def module_disagreement(
-    internals: AttentionInternals, term: str, *, query_pad: Tensor | None,
+    internals: AttentionInternals,
+    term: str,
+    *,
+    query_pad: Tensor | None,
     key_pad: Tensor | None,
 ) -> Tensor:
     if term == "subspace":
@@ -81,11 +84,9 @@ def module_disagreement(
 def _modules(internals: ModelInternals, kind: str):  # type: ignore[no-untyped-def]
     """(module internals, query padding, key padding) of every layer of one kind."""
     src, tgt = internals.src_pad, internals.tgt_pad
-    pads = {"encoder_self": (src, src), "decoder_self": (tgt, tgt),
-            "encoder_decoder": (tgt, src)}
+    pads = {"encoder_self": (src, src), "decoder_self": (tgt, tgt), "encoder_decoder": (tgt, src)}
     if kind not in pads:
-        raise ValueError(f"unknown attention module kind {kind!r}: expected one of "
-                         f"{MODULE_KINDS}")
+        raise ValueError(f"unknown attention module kind {kind!r}: expected one of {MODULE_KINDS}")
     query_pad, key_pad = pads[kind]
     return [(m, query_pad, key_pad) for m in getattr(internals, kind)]
 
@@ -99,8 +100,7 @@ def disagreement(
     for term in terms:
         if not selected:
             break
-        values = [module_disagreement(m, term, query_pad=qp, key_pad=kp)
-                  for m, qp, kp in selected]
+        values = [module_disagreement(m, term, query_pad=qp, key_pad=kp) for m, qp, kp in selected]
         total = total + torch.stack(values).float().mean()
     return total
 
@@ -112,8 +112,10 @@ def disagreement_scores(internals: ModelInternals) -> dict[str, dict[str, list[f
         for kind in MODULE_KINDS:
             entries = _modules(internals, kind)
             scores[kind] = {
-                term: [float(module_disagreement(m, term, query_pad=qp, key_pad=kp))
-                       for m, qp, kp in entries]
+                term: [
+                    float(module_disagreement(m, term, query_pad=qp, key_pad=kp))
+                    for m, qp, kp in entries
+                ]
                 for term in TERMS
             }
     return scores

@@ -160,8 +160,9 @@ class HeadAttention(nn.Module):
             q = self.proj.queries(x)
             k, v = self.proj.keys_values(memory)
         p = self.dropout if self.training else 0.0
-        heads, probs = attend(q, k, v, key_pad=key_pad, causal=causal, dropout_p=p,
-                              need_probs=need_internals)
+        heads, probs = attend(
+            q, k, v, key_pad=key_pad, causal=causal, dropout_p=p, need_probs=need_internals
+        )
         if not need_internals:
             return heads, None
         assert probs is not None
@@ -205,6 +206,7 @@ class MultiHeadAttention(nn.Module):
         cache: LayerCache | None = None,
         need_internals: bool = False,
     ) -> AttentionOutput:
-        heads, internals = self.attn(x, memory, key_pad=key_pad, cache=cache,
-                                     need_internals=need_internals)
+        heads, internals = self.attn(
+            x, memory, key_pad=key_pad, cache=cache, need_internals=need_internals
+        )
         return AttentionOutput(out=merge_heads(heads, self.w_out), internals=internals)

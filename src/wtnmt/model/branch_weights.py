@@ -62,9 +62,7 @@ class BranchWeights(nn.Module):
 
 
 @torch.no_grad()
-def override_branch_weights(
-    model: nn.Module, how: OverrideMode, *, seed: int = 0
-) -> None:
+def override_branch_weights(model: nn.Module, how: OverrideMode, *, seed: int = 0) -> None:
     """Replace the learned κ, α of every branched module in place (paper §4.4, Table 3).
 
     ``uniform`` sets 1/M, ``random`` draws a seeded random point of the simplex for each

@@ -52,8 +52,7 @@ class BranchedAttention(nn.Module):
         m, dk = branches, d_model // branches
         self.ffn = ffn
         self.activation_dropout = activation_dropout
-        self.attn = HeadAttention(d_model=d_model, heads=m, dropout=attention_dropout,
-                                  causal=False)
+        self.attn = HeadAttention(d_model=d_model, heads=m, dropout=attention_dropout, causal=False)
         self.w_out = nn.Parameter(torch.empty(m, dk, d_model))  # W^{O_i}: Dk × D, eq. 6
         init_out_projection(self.w_out)
         inner = d_ff // m if ffn == "split" else d_ff
@@ -80,8 +79,9 @@ class BranchedAttention(nn.Module):
         need_internals: bool = False,
     ) -> AttentionOutput:
         """x: [B, T, D] queries; memory: [B, S, D] (None: self-attention). → [B, T, D]."""
-        heads, internals = self.attn(x, memory, key_pad=key_pad, cache=cache,
-                                     need_internals=need_internals)  # [M, B, T, Dk]
+        heads, internals = self.attn(
+            x, memory, key_pad=key_pad, cache=cache, need_internals=need_internals
+        )  # [M, B, T, Dk]
         kappa, alpha = self.branch_weights()  # [M] each
         m, b, t, dk = heads.shape
         flat = heads.reshape(m, b * t, dk)  # [M, BT, Dk]
@@ -123,12 +123,12 @@ class WeightedAttention(nn.Module):
         causal: bool,
     ) -> None:
         super().__init__()
-        self.attn = HeadAttention(d_model=d_model, heads=branches, dropout=attention_dropout,
-                                  causal=causal)
+        self.attn = HeadAttention(
+            d_model=d_model, heads=branches, dropout=attention_dropout, causal=causal
+        )
         self.w_out = nn.Parameter(torch.empty(branches, d_model // branches, d_model))
         init_out_projection(self.w_out)
-        self.branch_weights = BranchWeights(branches=branches, mode=weights, topk=topk,
-                                            init=init)
+        self.branch_weights = BranchWeights(branches=branches, mode=weights, topk=topk, init=init)
 
     def forward(
         self,
@@ -139,11 +139,11 @@ class WeightedAttention(nn.Module):
         cache: LayerCache | None = None,
         need_internals: bool = False,
     ) -> AttentionOutput:
-        heads, internals = self.attn(x, memory, key_pad=key_pad, cache=cache,
-                                     need_internals=need_internals)  # [M, B, T, Dk]
+        heads, internals = self.attn(
+            x, memory, key_pad=key_pad, cache=cache, need_internals=need_internals
+        )  # [M, B, T, Dk]
         kappa, alpha = self.branch_weights()
         w = (alpha * kappa)[:, None, None] * self.w_out  # [M, Dk, D]
         if internals is not None:
             internals = replace(internals, kappa=kappa, alpha=alpha)
         return AttentionOutput(out=merge_heads(heads, w), internals=internals)
-

@@ -22,51 +22,69 @@ def build_model(config: ModelConfig, *, vocab_size: int, pad_id: int = PAD) -> S
     branched = c.attention == "branched"
 
     def multihead(*, causal: bool) -> nn.Module:
-        return MultiHeadAttention(d_model=c.d_model, heads=c.heads,
-                                  dropout=c.attention_dropout, causal=causal)
+        return MultiHeadAttention(
+            d_model=c.d_model, heads=c.heads, dropout=c.attention_dropout, causal=causal
+        )
 
     def ffn() -> nn.Module:
-        return FeedForward(d_model=c.d_model, d_ff=c.d_ff,
-                           activation_dropout=c.activation_dropout)
+        return FeedForward(d_model=c.d_model, d_ff=c.d_ff, activation_dropout=c.activation_dropout)
 
     def branched_sublayer() -> nn.Module:
         return BranchedAttention(
-            d_model=c.d_model, branches=c.branches, d_ff=c.d_ff, ffn=c.branch_ffn,
-            weights=c.branch_weights, topk=c.branch_topk, init=c.branch_init,
-            attention_dropout=c.attention_dropout, activation_dropout=c.activation_dropout,
+            d_model=c.d_model,
+            branches=c.branches,
+            d_ff=c.d_ff,
+            ffn=c.branch_ffn,
+            weights=c.branch_weights,
+            topk=c.branch_topk,
+            init=c.branch_init,
+            attention_dropout=c.attention_dropout,
+            activation_dropout=c.activation_dropout,
         )
 
     def decoder_self() -> nn.Module:
         if branched and c.decoder_self_attention == "weighted":
             return WeightedAttention(
-                d_model=c.d_model, branches=c.branches, weights=c.branch_weights,
-                topk=c.branch_topk, init=c.branch_init,
-                attention_dropout=c.attention_dropout, causal=True,
+                d_model=c.d_model,
+                branches=c.branches,
+                weights=c.branch_weights,
+                topk=c.branch_topk,
+                init=c.branch_init,
+                attention_dropout=c.attention_dropout,
+                causal=True,
             )
         return multihead(causal=True)
 
     common = {"d_model": c.d_model, "dropout": c.dropout, "norm": c.norm}
     encoder = [
-        EncoderLayer(self_attn=branched_sublayer(), ffn=None, **common) if branched
+        EncoderLayer(self_attn=branched_sublayer(), ffn=None, **common)
+        if branched
         else EncoderLayer(self_attn=multihead(causal=False), ffn=ffn(), **common)
         for _ in range(c.encoder_layers)
     ]
     decoder = [
-        DecoderLayer(self_attn=decoder_self(), cross_attn=branched_sublayer(), ffn=None,
-                     **common) if branched
-        else DecoderLayer(self_attn=multihead(causal=True), cross_attn=multihead(causal=False),
-                          ffn=ffn(), **common)
+        DecoderLayer(self_attn=decoder_self(), cross_attn=branched_sublayer(), ffn=None, **common)
+        if branched
+        else DecoderLayer(
+            self_attn=multihead(causal=True),
+            cross_attn=multihead(causal=False),
+            ffn=ffn(),
+            **common,
+        )
         for _ in range(c.decoder_layers)
     ]
     transparent = None
     if c.encoder_combination == "transparent":
-        transparent = TransparentCombination(encoder_layers=c.encoder_layers,
-                                             decoder_layers=c.decoder_layers,
-                                             dropout=c.transparent_dropout)
+        transparent = TransparentCombination(
+            encoder_layers=c.encoder_layers,
+            decoder_layers=c.decoder_layers,
+            dropout=c.transparent_dropout,
+        )
     return Seq2Seq(
         embedding=TokenEmbedding(vocab_size=vocab_size, d_model=c.d_model, pad_id=pad_id),
-        positions=Positions(max_positions=c.max_positions, d_model=c.d_model,
-                            learned=c.positions == "learned"),
+        positions=Positions(
+            max_positions=c.max_positions, d_model=c.d_model, learned=c.positions == "learned"
+        ),
         encoder_layers=encoder,
         decoder_layers=decoder,
         pre_norm=c.norm == "pre",

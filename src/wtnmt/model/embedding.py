@@ -50,8 +50,7 @@ class Positions(nn.Module):
             self.learned = nn.Parameter(torch.empty(max_positions, d_model))
             nn.init.normal_(self.learned, std=d_model**-0.5)
         else:
-            self.register_buffer("table", sinusoid_table(max_positions, d_model),
-                                 persistent=False)
+            self.register_buffer("table", sinusoid_table(max_positions, d_model), persistent=False)
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
         """Positions offset … offset+length−1 → [length, D]."""

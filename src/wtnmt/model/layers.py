@@ -11,25 +11,14 @@ Weighted Transformer:      encoder [branched self]      decoder [self-attn, bran
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from collections.abc import Callable
+from typing import Literal
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from wtnmt.model.attention import LayerCache
 from wtnmt.model.outputs import AttentionInternals, AttentionOutput
-
-
-class Attention(Protocol):
-    def __call__(
-        self,
-        x: Tensor,
-        memory: Tensor | None = None,
-        *,
-        key_pad: Tensor | None = None,
-        cache: LayerCache | None = None,
-        need_internals: bool = False,
-    ) -> AttentionOutput: ...
 
 
 class FeedForward(nn.Module):
@@ -60,15 +49,14 @@ class Residual(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.pre = norm == "pre"
 
-    def forward(self, x: Tensor, sublayer) -> tuple[Tensor, AttentionInternals | None]:  # type: ignore[no-untyped-def]
-        """``sublayer`` maps [B, T, D] to an AttentionOutput or a tensor [B, T, D]."""
+    def forward(
+        self, x: Tensor, sublayer: Callable[[Tensor], AttentionOutput]
+    ) -> tuple[Tensor, AttentionInternals | None]:
+        """x: [B, T, D]; ``sublayer`` maps [B, T, D] to an AttentionOutput of [B, T, D]."""
         result = sublayer(self.norm(x) if self.pre else x)
-        out, internals = (
-            (result.out, result.internals) if isinstance(result, AttentionOutput) else (result, None)
-        )
         if self.pre:
-            return x + self.dropout(out), internals
-        return self.norm(x + self.dropout(out)), internals
+            return x + self.dropout(result.out), result.internals
+        return self.norm(x + self.dropout(result.out)), result.internals
 
 
 class EncoderLayer(nn.Module):
@@ -95,7 +83,7 @@ class EncoderLayer(nn.Module):
             x, lambda h: self.self_attn(h, key_pad=src_pad, need_internals=need_internals)
         )
         if self.ffn is not None:
-            x, _ = self.ffn_res(x, self.ffn)  # type: ignore[misc]
+            x, _ = self.ffn_res(x, lambda h: AttentionOutput(out=self.ffn(h)))  # type: ignore[misc]
         return x, internals
 
 
@@ -142,5 +130,5 @@ class DecoderLayer(nn.Module):
             ),
         )
         if self.ffn is not None:
-            x, _ = self.ffn_res(x, self.ffn)  # type: ignore[misc]
+            x, _ = self.ffn_res(x, lambda h: AttentionOutput(out=self.ffn(h)))  # type: ignore[misc]
         return x, self_int, cross_int

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -92,8 +91,13 @@ class Seq2Seq(nn.Module):
             memories = [self.encoder_norm(m) for m in memories]
             if self.transparent is None:  # one top layer: normalise it once
                 memories = [memories[0]] * n_dec
-        return EncoderOutput(memories=memories, src_pad=src_pad, states=states,
-                             transparent_weights=weights, self_attention=internals)
+        return EncoderOutput(
+            memories=memories,
+            src_pad=src_pad,
+            states=states,
+            transparent_weights=weights,
+            self_attention=internals,
+        )
 
     def decode(
         self, tgt_in: Tensor, enc: EncoderOutput, *, need_internals: bool = False
@@ -102,7 +106,7 @@ class Seq2Seq(nn.Module):
         key_pad = enc.src_pad if bool(enc.src_pad.any()) else None
         x = self.embed(tgt_in)
         self_ints, cross_ints = [], []
-        for layer, memory in zip(self.decoder_layers, enc.memories):
+        for layer, memory in zip(self.decoder_layers, enc.memories, strict=True):
             x, s_int, c_int = layer(x, memory, src_pad=key_pad, need_internals=need_internals)
             if need_internals:
                 self_ints.append(s_int)
@@ -132,7 +136,7 @@ class Seq2Seq(nn.Module):
     def init_cache(self, enc: EncoderOutput) -> DecoderCache:
         """Compute every decoder layer's cross-attention keys and values once per source."""
         layers = []
-        for layer, memory in zip(self.decoder_layers, enc.memories):
+        for layer, memory in zip(self.decoder_layers, enc.memories, strict=True):
             k, v = layer.cross_attn.attn.proj.keys_values(memory)  # [H, B, S, Dk] each
             layers.append(LayerCache(cross_k=k, cross_v=v))
         src_pad = enc.src_pad if bool(enc.src_pad.any()) else None
@@ -144,7 +148,9 @@ class Seq2Seq(nn.Module):
         Appends this step's keys and values to ``cache`` and advances ``cache.step``.
         """
         x = self.embed(tokens[:, None], offset=cache.step)  # [B, 1, D]
-        for layer, memory, layer_cache in zip(self.decoder_layers, cache.memories, cache.layers):
+        for layer, memory, layer_cache in zip(
+            self.decoder_layers, cache.memories, cache.layers, strict=True
+        ):
             x, _, _ = layer(x, memory, src_pad=cache.src_pad, cache=layer_cache)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)

@@ -1,0 +1,271 @@
+"""Oracles for the whole model: counts, causality, padding, cached decoding, transparency."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from wtnmt.config import ModelConfig, load_config
+from wtnmt.model import (
+    BranchWeights,
+    branch_weight_table,
+    build_model,
+    count_parameters,
+    override_branch_weights,
+)
+from wtnmt.special import BOS, PAD
+
+V = 40
+
+VARIANTS = {
+    "transformer-post": dict(attention="multihead", norm="post"),
+    "transformer-pre": dict(attention="multihead", norm="pre"),
+    "weighted": dict(attention="branched"),
+    "weighted-pre-shared": dict(attention="branched", norm="pre", branch_ffn="shared"),
+    "weighted-self-weighted": dict(attention="branched", decoder_self_attention="weighted"),
+    "weighted-softmax-learned": dict(
+        attention="branched", branch_weights="softmax", positions="learned"
+    ),
+    "weighted-topk": dict(attention="branched", branch_weights="topk", branch_topk=3),
+    "transparent-post": dict(
+        attention="branched", encoder_combination="transparent", encoder_layers=3
+    ),
+    "transparent-pre": dict(
+        attention="multihead", encoder_combination="transparent", norm="pre", encoder_layers=3
+    ),
+}
+
+
+def tiny(**overrides) -> ModelConfig:
+    base = dict(encoder_layers=2, decoder_layers=2, d_model=16, heads=4, d_ff=32, max_positions=64)
+    return ModelConfig(**{**base, **overrides})
+
+
+def make(name: str, seed: int = 0):
+    torch.manual_seed(seed)
+    return build_model(tiny(**VARIANTS[name]), vocab_size=V).double().eval()
+
+
+def batch(seed: int = 0):
+    """A padded batch: src [3, 7], tgt_in [3, 6] starting with BOS."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, V, (3, 7), generator=g)
+    src[1, 5:] = PAD
+    src[2, 3:] = PAD
+    tgt = torch.randint(4, V, (3, 6), generator=g)
+    tgt[:, 0] = BOS
+    tgt[2, 4:] = PAD
+    return src, tgt
+
+
+# --------------------------------------------------------------------------------------------
+# Parameter counts
+
+
+def test_weighted_and_transformer_counts_differ_by_the_branch_terms():
+    """Per branched sublayer the Weighted Transformer adds 2·M branch weights and (M−1)·D
+    output biases (one b2 per split FFN instead of one), and has one layer norm (2·D) less:
+    the branched sublayer replaces two sublayers, attention and FFN, with one residual block."""
+    for preset in ("A", "B", "C", "small"):
+        t = load_config(f"transformer-{preset}").model
+        w = load_config(f"weighted-{preset}").model
+        assert dataclasses.replace(w, attention="multihead") == dataclasses.replace(
+            t, attention="multihead", dropout=w.dropout, attention_dropout=w.attention_dropout
+        )
+        with torch.device("meta"):  # shapes only: no memory, no initialisation
+            n_t = count_parameters(build_model(t, vocab_size=1000))
+            n_w = count_parameters(build_model(w, vocab_size=1000))
+        m, d = w.heads, w.d_model
+        sublayers = w.encoder_layers + w.decoder_layers
+        assert n_w - n_t == sublayers * (2 * m + (m - 1) * d - 2 * d), preset
+
+
+@pytest.mark.parametrize("preset, paper", [("A", 65e6), ("B", 213e6)])
+def test_paper_presets_match_the_paper_parameter_counts(preset, paper):
+    for flavour in ("transformer", "weighted"):
+        with torch.device("meta"):
+            model = build_model(load_config(f"{flavour}-{preset}").model, vocab_size=37000)
+        assert abs(count_parameters(model) / paper - 1) < 0.05, (flavour, count_parameters(model))
+
+
+def test_tied_embeddings_share_one_matrix():
+    model = make("weighted")
+    names = [n for n, _ in model.named_parameters()]
+    assert sum("embedding" in n for n in names) == 1
+    src, tgt = batch()
+    model.zero_grad()
+    model(src, tgt).logits.sum().backward()
+    assert model.embedding.weight.grad is not None
+
+
+# --------------------------------------------------------------------------------------------
+# Causality and padding
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_outputs_up_to_t_ignore_later_targets(name):
+    model = make(name)
+    src, tgt = batch()
+    out = model(src, tgt).logits
+    changed = tgt.clone()
+    changed[:, 3:] = torch.randint(4, V, changed[:, 3:].shape)
+    out2 = model(src, changed).logits
+    torch.testing.assert_close(out2[:, :3], out[:, :3], rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(out2[:, 3:], out[:, 3:])  # the test can see a change
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_padding_leaves_real_tokens_unchanged(name):
+    model = make(name)
+    src, tgt = batch()
+    out = model(src, tgt).logits
+    more_src = torch.cat([src, torch.full((3, 4), PAD)], dim=1)
+    more_tgt = torch.cat([tgt, torch.full((3, 3), PAD)], dim=1)
+    out2 = model(more_src, more_tgt).logits
+    real = tgt.ne(PAD)
+    torch.testing.assert_close(out2[:, :6][real], out[real], rtol=1e-10, atol=1e-10)
+
+
+def test_a_batch_row_matches_the_same_sentence_alone():
+    model = make("weighted")
+    src, tgt = batch()
+    out = model(src, tgt).logits
+    alone = model(src[2:3, :3], tgt[2:3, :4]).logits
+    torch.testing.assert_close(alone[0], out[2, :4], rtol=1e-10, atol=1e-10)
+
+
+# --------------------------------------------------------------------------------------------
+# Step-wise decoding
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_cached_decoding_equals_the_teacher_forced_forward(name):
+    model = make(name)
+    src, tgt = batch()
+    full = model(src, tgt).logits  # [B, T, V]
+    cache = model.init_cache(model.encode(src))
+    steps = [model.decode_step(tgt[:, t], cache) for t in range(tgt.size(1))]
+    torch.testing.assert_close(torch.stack(steps, dim=1), full, rtol=1e-10, atol=1e-10)
+    assert cache.step == tgt.size(1)
+
+
+def test_cache_reorder_follows_the_selected_rows():
+    model = make("weighted")
+    src, tgt = batch()
+    cache = model.init_cache(model.encode(src))
+    for t in range(3):
+        model.decode_step(tgt[:, t], cache)
+    index = torch.tensor([2, 2, 0])
+    reordered = cache.reorder(index)
+    step = model.decode_step(tgt[index, 3], reordered)
+    full = model(src[index], tgt[index, :4]).logits[:, 3]
+    torch.testing.assert_close(step, full, rtol=1e-10, atol=1e-10)
+
+
+def test_over_long_input_names_the_limit():
+    model = make("weighted")
+    with pytest.raises(ValueError, match="max_positions=64"):
+        model.encode(torch.full((1, 65), 5))
+
+
+# --------------------------------------------------------------------------------------------
+# Transparent attention
+
+
+@pytest.mark.parametrize(
+    "plain_name, transparent_name",
+    [("weighted", "transparent-post"), ("transformer-pre", "transparent-pre")],
+)
+def test_transparent_attention_with_all_weight_on_top_is_the_plain_model(
+    plain_name, transparent_name
+):
+    transparent = make(transparent_name)
+    config = tiny(**{**VARIANTS[transparent_name], "encoder_combination": "top"})
+    plain = build_model(config, vocab_size=V).double().eval()
+    missing, unexpected = plain.load_state_dict(transparent.state_dict(), strict=False)
+    assert missing == [] and unexpected == ["transparent.weight"]
+    with torch.no_grad():
+        transparent.transparent.weight.zero_()
+        transparent.transparent.weight[-1] = 1e4  # softmax → exactly one-hot on h_N
+    src, tgt = batch()
+    torch.testing.assert_close(
+        transparent(src, tgt).logits, plain(src, tgt).logits, rtol=1e-12, atol=1e-12
+    )
+
+
+def test_transparent_weights_start_uniform_and_are_returned():
+    model = make("transparent-post")
+    src, tgt = batch()
+    weights = model(src, tgt, need_internals=True).internals.transparent_weights
+    assert weights.shape == (4, 2)  # [N+1, N_dec]
+    torch.testing.assert_close(weights, torch.full((4, 2), 0.25, dtype=torch.float64))
+
+
+# --------------------------------------------------------------------------------------------
+# Internals and branch weights
+
+
+def test_internals_are_returned_for_every_module_and_never_stashed():
+    model = make("weighted-self-weighted")
+    src, tgt = batch()
+    internals = model(src, tgt, need_internals=True).internals
+    assert len(internals.encoder_self) == 2
+    assert len(internals.decoder_self) == 2
+    assert len(internals.encoder_decoder) == 2
+    assert internals.encoder_decoder[0].probs.shape == (3, 4, 6, 7)
+    assert internals.decoder_self[0].kappa is not None  # weighted reading has κ, α
+    assert len(internals.encoder_states) == 3  # h_0, h_1, h_2
+    plain = model(src, tgt)
+    assert plain.internals is None
+    torch.testing.assert_close(plain.logits, model(src, tgt, need_internals=True).logits)
+    tensors_on_modules = [
+        (name, attr)
+        for name, module in model.named_modules()
+        for attr, value in vars(module).items()
+        if isinstance(value, torch.Tensor) and not attr.startswith("_")
+    ]
+    assert tensors_on_modules == []
+
+
+def test_random_init_lands_on_the_simplex_and_uniform_init_is_one_over_m():
+    for init in ("random", "uniform"):
+        model = build_model(tiny(attention="branched", branch_init=init), vocab_size=V)
+        for m in model.modules():
+            if isinstance(m, BranchWeights):
+                for p in (m.kappa, m.alpha):
+                    p = p.detach()
+                    assert (p >= 0).all() and abs(float(p.sum()) - 1) < 1e-6
+                    if init == "uniform":
+                        torch.testing.assert_close(p, torch.full((4,), 0.25))
+
+
+@pytest.mark.parametrize("mode", ["simplex", "softmax"])
+def test_branch_weight_override(mode):
+    model = make("weighted" if mode == "simplex" else "weighted-softmax-learned")
+    learned = branch_weight_table(model)
+    override_branch_weights(model, "learned")
+    assert branch_weight_table(model) == learned
+    override_branch_weights(model, "uniform")
+    for weights in branch_weight_table(model).values():
+        assert weights["kappa"] == pytest.approx([0.25] * 4)
+        assert weights["alpha"] == pytest.approx([0.25] * 4)
+    override_branch_weights(model, "random", seed=3)
+    first = branch_weight_table(model)
+    override_branch_weights(model, "random", seed=3)
+    assert branch_weight_table(model) == first  # seeded
+    for weights in first.values():
+        assert sum(weights["kappa"]) == pytest.approx(1.0)
+        assert weights["kappa"] != pytest.approx([0.25] * 4)
+    assert set(first) == {
+        "encoder_layers.0.self_attn",
+        "encoder_layers.1.self_attn",
+        "decoder_layers.0.cross_attn",
+        "decoder_layers.1.cross_attn",
+    }
+
+
+def test_build_model_rejects_a_vocabulary_without_room_for_padding():
+    with pytest.raises(ValueError, match="vocab_size=0"):
+        build_model(tiny(), vocab_size=0)

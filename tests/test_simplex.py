@@ -1,0 +1,116 @@
+"""The simplex projection: on the simplex, idempotent, and the closest point (KKT)."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wtnmt.config import ModelConfig
+from wtnmt.model import BranchWeights, build_model, project_branch_weights, project_simplex
+
+vectors = st.lists(
+    st.floats(min_value=-50, max_value=50, allow_nan=False, allow_infinity=False),
+    min_size=1,
+    max_size=16,
+).map(lambda xs: torch.tensor(xs, dtype=torch.float64))
+
+
+@given(vectors)
+def test_projection_lies_on_the_simplex(v):
+    w = project_simplex(v)
+    assert (w >= 0).all()
+    assert abs(float(w.sum()) - 1.0) < 1e-9
+
+
+@given(vectors)
+def test_projection_is_idempotent(v):
+    w = project_simplex(v)
+    torch.testing.assert_close(project_simplex(w), w, rtol=0, atol=1e-12)
+
+
+@given(vectors)
+def test_projection_satisfies_the_kkt_conditions(v):
+    """w is the projection iff w = max(v − θ, 0) for one θ: v_i − w_i = θ where w_i > 0 and
+    v_i ≤ θ where w_i = 0 (with Σw = 1, checked above)."""
+    w = project_simplex(v)
+    support = w > 0
+    theta = (v - w)[support]
+    assert float(theta.max() - theta.min()) < 1e-9
+    assert bool((v[~support] <= theta.mean() + 1e-9).all())
+
+
+@settings(max_examples=50)
+@given(vectors, st.integers(min_value=0, max_value=2**31 - 1))
+def test_projection_is_closer_than_any_other_simplex_point(v, seed):
+    w = project_simplex(v)
+    others = torch.distributions.Dirichlet(torch.ones(v.numel(), dtype=torch.float64))
+    torch.manual_seed(seed)
+    points = others.sample((256,))  # [256, M] random points of the simplex
+    corners = torch.eye(v.numel(), dtype=torch.float64)
+    candidates = torch.cat([points, corners])
+    best = (candidates - v).norm(dim=-1).min()
+    assert float((w - v).norm()) <= float(best) + 1e-9
+
+
+def test_projection_of_known_points():
+    torch.testing.assert_close(
+        project_simplex(torch.tensor([0.5, 0.5, 0.5])), torch.full((3,), 1 / 3)
+    )
+    torch.testing.assert_close(project_simplex(torch.tensor([2.0, 0.0])), torch.tensor([1.0, 0.0]))
+    torch.testing.assert_close(
+        project_simplex(torch.tensor([0.6, 0.5, -1.0])), torch.tensor([0.55, 0.45, 0.0])
+    )
+
+
+def test_projection_works_on_batches():
+    v = torch.randn(5, 7, dtype=torch.float64)
+    w = project_simplex(v)
+    for row, projected in zip(v, w, strict=True):
+        torch.testing.assert_close(project_simplex(row), projected)
+
+
+def test_project_branch_weights_projects_every_branched_module():
+    config = ModelConfig(
+        attention="branched",
+        encoder_layers=2,
+        decoder_layers=2,
+        d_model=16,
+        heads=4,
+        d_ff=32,
+        decoder_self_attention="weighted",
+    )
+    model = build_model(config, vocab_size=20)
+    modules = [m for m in model.modules() if isinstance(m, BranchWeights)]
+    assert len(modules) == 2 + 2 * 2  # encoder branched; decoder weighted self + branched cross
+    with torch.no_grad():
+        for m in modules:
+            m.kappa.normal_()
+            m.alpha.normal_()
+    assert project_branch_weights(model) == 2 * len(modules)
+    for m in modules:
+        for p in (m.kappa, m.alpha):
+            assert (p >= 0).all() and abs(float(p.detach().sum()) - 1) < 1e-6
+
+
+def test_softmax_weights_are_not_projected():
+    config = ModelConfig(
+        attention="branched",
+        encoder_layers=1,
+        decoder_layers=1,
+        d_model=16,
+        heads=4,
+        d_ff=32,
+        branch_weights="softmax",
+    )
+    model = build_model(config, vocab_size=20)
+    before = [
+        p.clone()
+        for m in model.modules()
+        if isinstance(m, BranchWeights)
+        for p in (m.kappa, m.alpha)
+    ]
+    assert project_branch_weights(model) == 0
+    after = [p for m in model.modules() if isinstance(m, BranchWeights) for p in (m.kappa, m.alpha)]
+    for a, b in zip(before, after, strict=True):
+        assert torch.equal(a, b)
