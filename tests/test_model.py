@@ -269,3 +269,13 @@ def test_branch_weight_override(mode):
 def test_build_model_rejects_a_vocabulary_without_room_for_padding():
     with pytest.raises(ValueError, match="vocab_size=0"):
         build_model(tiny(), vocab_size=0)
+
+
+def test_logits_mask_selects_positions_of_the_full_logits():
+    model = make("weighted")
+    src, tgt = batch()
+    real = tgt.ne(PAD)
+    full = model(src, tgt).logits
+    selected = model(src, tgt, logits_mask=real).logits
+    assert selected.shape == (int(real.sum()), V)
+    torch.testing.assert_close(selected, full[real], rtol=1e-12, atol=1e-12)

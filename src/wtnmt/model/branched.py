@@ -8,13 +8,13 @@ It replaces both the multi-head attention and the FFN sublayer of a Transformer 
 
 Fused forward. The tail is linear up to the ReLU, so with W_i = κ_i W^{O_i} W1_i:
 
-    hid_i = α_i · ReLU(head_i W_i + b1_i)                 [M, B·T, F/M]   one bmm over branches
-    out   = Concat_i(hid_i) · Stack_i(W2_i) + Σ_i α_i b2_i [B·T, D]       one matmul
+    hid_i = ReLU(head_i W_i + b1_i)                       [M, B·T, F/M]   one bmm over branches
+    out   = Concat_i(hid_i) · Stack_i(α_i W2_i) + Σ_i α_i b2_i   [B·T, D]  one matmul
 
 which is the same function with the same parameters (and so the same gradients), never builds
-the M D-wide activations hbar_i, and costs Dk·F + F·D multiply-adds per token instead of the
+the M D-wide activations hbar_i, scales only weights by κ and α (never activations), and costs Dk·F + F·D multiply-adds per token instead of the
 D² + 2·D·F of the Transformer's W^O and FFN. ``branch_ffn: shared`` (one full-width FFN used by
-every branch) fuses the same way with W_i = κ_i W^{O_i} W1 and Σ_i hid_i · W2.
+every branch) fuses the same way with W_i = κ_i W^{O_i} W1 and (Σ_i α_i hid_i) · W2.
 """
 
 from __future__ import annotations
@@ -69,6 +69,11 @@ class BranchedAttention(nn.Module):
         nn.init.uniform_(self.w2, -bound, bound)
         self.branch_weights = BranchWeights(branches=m, mode=weights, topk=topk, init=init)
 
+    def _dropout(self, hid: Tensor) -> Tensor:
+        if self.activation_dropout == 0:
+            return hid
+        return F.dropout(hid, p=self.activation_dropout, training=self.training)
+
     def forward(
         self,
         x: Tensor,
@@ -87,18 +92,18 @@ class BranchedAttention(nn.Module):
         flat = heads.reshape(m, b * t, dk)  # [M, BT, Dk]
         if self.ffn == "split":
             w = kappa[:, None, None] * torch.bmm(self.w_out, self.w1)  # [M, Dk, F/M]
-            hid = torch.baddbmm(self.b1[:, None, :], flat, w)  # [M, BT, F/M]
+            hid = F.relu(torch.baddbmm(self.b1[:, None, :], flat, w))  # [M, BT, F/M]
+            hid = self._dropout(hid)
+            concat = hid.permute(1, 0, 2).reshape(b * t, -1)  # [BT, F] = Concat_i(hid_i)
+            # α_i scales the small W2_i [F/M, D] rather than the activation hid_i [BT, F/M]
+            w2 = (alpha[:, None, None] * self.w2).reshape(-1, self.w2.size(-1))  # [F, D]
+            out = torch.addmm(alpha @ self.b2, concat, w2)  # [BT, D]
         else:
             w = kappa[:, None, None] * torch.matmul(self.w_out, self.w1)  # [M, Dk, F]
-            hid = torch.baddbmm(self.b1, flat, w)  # [M, BT, F]
-        hid = F.relu(hid) * alpha[:, None, None]  # α_i · ReLU(...)
-        if self.activation_dropout > 0:
-            hid = F.dropout(hid, p=self.activation_dropout, training=self.training)
-        if self.ffn == "split":
-            concat = hid.permute(1, 0, 2).reshape(b * t, -1)  # [BT, F] = Concat_i(hid_i)
-            out = torch.addmm(alpha @ self.b2, concat, self.w2.reshape(-1, self.w2.size(-1)))
-        else:
-            out = torch.addmm(alpha.sum() * self.b2, hid.sum(0), self.w2)  # Σ_i hid_i · W2
+            hid = F.relu(torch.baddbmm(self.b1, flat, w))  # [M, BT, F]
+            hid = self._dropout(hid)
+            weighted = torch.einsum("m,mnf->nf", alpha, hid)  # Σ_i α_i hid_i  [BT, F]
+            out = torch.addmm(alpha.sum() * self.b2, weighted, self.w2)  # [BT, D]
         if internals is not None:
             internals = replace(internals, kappa=kappa, alpha=alpha)
         return AttentionOutput(out=out.view(b, t, -1), internals=internals)

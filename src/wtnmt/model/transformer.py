@@ -102,7 +102,7 @@ class Seq2Seq(nn.Module):
     def decode(
         self, tgt_in: Tensor, enc: EncoderOutput, *, need_internals: bool = False
     ) -> tuple[Tensor, list[AttentionInternals], list[AttentionInternals]]:
-        """Teacher-forced decoder: tgt_in [B, T] (starting with BOS) → logits [B, T, V]."""
+        """Teacher-forced decoder: tgt_in [B, T] (starting with BOS) → final states [B, T, D]."""
         key_pad = enc.src_pad if bool(enc.src_pad.any()) else None
         x = self.embed(tgt_in)
         self_ints, cross_ints = [], []
@@ -113,12 +113,27 @@ class Seq2Seq(nn.Module):
                 cross_ints.append(c_int)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
-        return self.embedding.logits(x), self_ints, cross_ints
+        return x, self_ints, cross_ints
 
-    def forward(self, src: Tensor, tgt_in: Tensor, *, need_internals: bool = False) -> ModelOutput:
-        """src [B, S], tgt_in [B, T] → logits [B, T, V] of tgt_out (tgt_in shifted left)."""
+    def forward(
+        self,
+        src: Tensor,
+        tgt_in: Tensor,
+        *,
+        need_internals: bool = False,
+        logits_mask: Tensor | None = None,
+    ) -> ModelOutput:
+        """src [B, S], tgt_in [B, T] → logits [B, T, V] of the next tokens.
+
+        With ``logits_mask`` [B, T] (True at the positions a loss reads, typically the real
+        target tokens), logits are [N, V] for those N positions only: the output projection is
+        the largest matmul of a small model, and padding need not pay for it.
+        """
         enc = self.encode(src, need_internals=need_internals)
-        logits, self_ints, cross_ints = self.decode(tgt_in, enc, need_internals=need_internals)
+        states, self_ints, cross_ints = self.decode(tgt_in, enc, need_internals=need_internals)
+        if logits_mask is not None:
+            states = states[logits_mask]  # [N, D]
+        logits = self.embedding.logits(states)
         if not need_internals:
             return ModelOutput(logits=logits)
         internals = ModelInternals(
