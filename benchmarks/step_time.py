@@ -23,13 +23,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from reference import UnfusedBranchedAttention  # noqa: E402
-from wtnmt.config import load_config  # noqa: E402
-from wtnmt.loss import label_smoothed_cross_entropy  # noqa: E402
-from wtnmt.model import build_model  # noqa: E402
-from wtnmt.model.branched import BranchedAttention  # noqa: E402
-from wtnmt.runtime import tune_cpu_allocator  # noqa: E402
-from wtnmt.special import BOS, EOS, PAD  # noqa: E402
+from reference import UnfusedBranchedAttention
+from wtnmt.config import load_config
+from wtnmt.loss import label_smoothed_cross_entropy
+from wtnmt.model import build_model
+from wtnmt.model.branched import BranchedAttention
+from wtnmt.runtime import tune_cpu_allocator
+from wtnmt.special import BOS, EOS, PAD
 
 
 def make_batch(n: int, lo: int, hi: int, vocab: int, seed: int):

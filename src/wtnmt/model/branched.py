@@ -12,8 +12,9 @@ Fused forward. The tail is linear up to the ReLU, so with W_i = κ_i W^{O_i} W1_
     out   = Concat_i(hid_i) · Stack_i(α_i W2_i) + Σ_i α_i b2_i   [B·T, D]  one matmul
 
 which is the same function with the same parameters (and so the same gradients), never builds
-the M D-wide activations hbar_i, scales only weights by κ and α (never activations), and costs Dk·F + F·D multiply-adds per token instead of the
-D² + 2·D·F of the Transformer's W^O and FFN. ``branch_ffn: shared`` (one full-width FFN used by
+the M D-wide activations hbar_i, scales only weights by κ and α (never activations), and
+costs Dk·F + F·D multiply-adds per token instead of the D² + 2·D·F of the Transformer's W^O
+and FFN. ``branch_ffn: shared`` (one full-width FFN used by
 every branch) fuses the same way with W_i = κ_i W^{O_i} W1 and (Σ_i α_i hid_i) · W2.
 """
 
