@@ -86,6 +86,7 @@ class DataConfig:
     """Where the parallel data comes from and how it becomes subword ids."""
 
     corpus: str | None = "tatoeba-deu-eng"  # a named corpus, or null with src/tgt/tsv files
+    corpus_dir: str | None = None  # explicit directory of the named corpus's files
     src_lang: str = "en"
     tgt_lang: str = "de"
     train_src: str | None = None
@@ -126,6 +127,27 @@ class DataConfig:
             )
         if self.max_length_ratio < 1.0:
             raise ConfigError(f"data.max_length_ratio={self.max_length_ratio} must be >= 1")
+        sources = [
+            name
+            for name, given in (
+                ("data.corpus", self.corpus is not None),
+                (
+                    "data.train_src/train_tgt",
+                    self.train_src is not None or self.train_tgt is not None,
+                ),
+                ("data.train_tsv", self.train_tsv is not None),
+            )
+            if given
+        ]
+        if len(sources) != 1:
+            raise ConfigError(
+                "set exactly one source of training data: data.corpus, data.train_src with "
+                f"data.train_tgt, or data.train_tsv (got {', '.join(sources) or 'none'})"
+            )
+        for side in ("train", "valid", "test"):
+            src, tgt = getattr(self, f"{side}_src"), getattr(self, f"{side}_tgt")
+            if (src is None) != (tgt is None):
+                raise ConfigError(f"data.{side}_src and data.{side}_tgt go together: set both")
 
 
 @dataclass(frozen=True)

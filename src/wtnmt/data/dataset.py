@@ -1,0 +1,108 @@
+"""Token-id arrays of a prepared split, memory-mapped, and their collation into batches.
+
+On disk, per split and side: ``{split}.{side}.npy`` (all ids concatenated, uint16 when the
+vocabulary fits, else int32) and ``{split}.{side}.idx.npy`` (int64 offsets, n + 1 entries).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from wtnmt.data.io import DataError
+from wtnmt.special import BOS, EOS, PAD
+
+
+def write_ids(path_stem: Path, sequences: list[list[int]], vocab_size: int) -> None:
+    dtype = np.uint16 if vocab_size <= np.iinfo(np.uint16).max else np.int32
+    lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
+    offsets = np.zeros(len(sequences) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.fromiter((i for s in sequences for i in s), dtype=dtype, count=int(offsets[-1]))
+    np.save(f"{path_stem}.npy", flat)
+    np.save(f"{path_stem}.idx.npy", offsets)
+
+
+class TokenArray:
+    """Variable-length id sequences read from disk without loading them (np.load mmap)."""
+
+    def __init__(self, path_stem: Path) -> None:
+        try:
+            self.flat = np.load(f"{path_stem}.npy", mmap_mode="r")
+            self.offsets = np.load(f"{path_stem}.idx.npy")
+        except (OSError, ValueError) as e:
+            raise DataError(
+                f"{path_stem}: cannot read prepared token ids ({e}); run `wtnmt prepare` again"
+            ) from None
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.flat[self.offsets[i] : self.offsets[i + 1]]
+
+
+@dataclass(frozen=True)
+class Batch:
+    src: Tensor  # [B, S] ids + EOS, right-padded
+    tgt_in: Tensor  # [B, T] BOS + ids
+    tgt_out: Tensor  # [B, T] ids + EOS
+    indices: np.ndarray  # [B] example indices in the split
+
+    @property
+    def target_tokens(self) -> int:
+        return int(self.tgt_out.ne(PAD).sum())
+
+
+class ParallelData:
+    """One prepared split: source and target ids, lengths as the model sees them."""
+
+    def __init__(self, directory: str | Path, split: str) -> None:
+        directory = Path(directory)
+        self.src = TokenArray(directory / f"{split}.src")
+        self.tgt = TokenArray(directory / f"{split}.tgt")
+        if len(self.src) != len(self.tgt):
+            raise DataError(
+                f"{directory}: {split} has {len(self.src)} source and "
+                f"{len(self.tgt)} target sentences; run `wtnmt prepare` again"
+            )
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    @property
+    def src_lengths(self) -> np.ndarray:
+        return self.src.lengths + 1  # + EOS
+
+    @property
+    def tgt_lengths(self) -> np.ndarray:
+        return self.tgt.lengths + 1  # + BOS (input) or EOS (output)
+
+    def collate(self, indices: np.ndarray) -> Batch:
+        src = [self.src[i] for i in indices]
+        tgt = [self.tgt[i] for i in indices]
+        n, s_len, t_len = len(indices), max(map(len, src)) + 1, max(map(len, tgt)) + 1
+        src_ids = np.full((n, s_len), PAD, dtype=np.int64)
+        tgt_in = np.full((n, t_len), PAD, dtype=np.int64)
+        tgt_out = np.full((n, t_len), PAD, dtype=np.int64)
+        for row, (s, t) in enumerate(zip(src, tgt, strict=True)):
+            src_ids[row, : len(s)] = s
+            src_ids[row, len(s)] = EOS
+            tgt_in[row, 0] = BOS
+            tgt_in[row, 1 : len(t) + 1] = t
+            tgt_out[row, : len(t)] = t
+            tgt_out[row, len(t)] = EOS
+        return Batch(
+            torch.from_numpy(src_ids),
+            torch.from_numpy(tgt_in),
+            torch.from_numpy(tgt_out),
+            np.asarray(indices),
+        )

@@ -1,0 +1,116 @@
+"""Reading parallel text: strict UTF-8, lines split on ``\\n`` only, errors that say where.
+
+A sentence may contain any character but ``\\n``: U+2028, U+0085 or a form feed inside a
+sentence stay inside it (``str.splitlines`` would split there and silently misalign the two
+sides). A ``\\r`` before the ``\\n`` (Windows line ends) is removed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import zipfile
+from pathlib import Path
+
+
+class DataError(ValueError):
+    """Input data that cannot be used as it is: the message says which file and where."""
+
+
+def decode_lines(data: bytes, name: str) -> list[str]:
+    """UTF-8 bytes → lines. Invalid UTF-8 raises DataError naming line and byte offset."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        start = data.rfind(b"\n", 0, e.start) + 1
+        raise DataError(
+            f"{name}: invalid UTF-8 on line {line} at byte offset {e.start} "
+            f"(byte {e.start - start} of the line): {data[e.start : e.start + 1]!r}"
+        ) from None
+    if text.startswith("\ufeff"):  # a byte-order mark is not part of the first sentence
+        text = text[1:]
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline that ends the last line
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def read_bytes(path: str | Path) -> bytes:
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    if path.suffix == ".gz":
+        with gzip.open(path, "rb") as f:
+            try:
+                return f.read()
+            except (OSError, EOFError) as e:
+                raise DataError(f"{path}: not a readable gzip file ({e})") from None
+    return path.read_bytes()
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """All lines of a UTF-8 text file (``.gz`` is decompressed)."""
+    return decode_lines(read_bytes(path), str(path))
+
+
+def read_parallel(src: str | Path, tgt: str | Path) -> list[tuple[str, str]]:
+    """Two files, one sentence per line, line i of one the translation of line i of the other."""
+    src_lines, tgt_lines = read_lines(src), read_lines(tgt)
+    if len(src_lines) != len(tgt_lines):
+        raise DataError(
+            f"the two sides are not aligned: {src} has {len(src_lines)} lines and "
+            f"{tgt} has {len(tgt_lines)}"
+        )
+    return list(zip(src_lines, tgt_lines, strict=True))
+
+
+def split_tsv(
+    lines: list[str], name: str, *, columns: int | tuple[int, ...] = 2
+) -> list[list[str]]:
+    """Tab-separated lines → fields. Every line must have the same allowed number of columns
+    (the first line decides among several allowed); a line that differs is named."""
+    allowed = (columns,) if isinstance(columns, int) else columns
+    rows = [line.split("\t") for line in lines]
+    if not rows:
+        return rows
+    expected = len(rows[0])
+    if expected not in allowed:
+        raise DataError(
+            f"{name}: line 1 has {expected} tab-separated columns; expected "
+            f"{' or '.join(map(str, allowed))}"
+        )
+    for number, row in enumerate(rows, start=1):
+        if len(row) != expected:
+            raise DataError(
+                f"{name}: line {number} has {len(row)} tab-separated columns, expected "
+                f"{expected} like line 1"
+            )
+    return rows
+
+
+def read_tsv(path: str | Path) -> list[tuple[str, str]]:
+    """A TSV file of ``source<TAB>target`` lines."""
+    rows = split_tsv(read_lines(path), str(path), columns=2)
+    return [(row[0], row[1]) for row in rows]
+
+
+def read_zip_member(path: str | Path, member: str) -> bytes:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.read(member)
+    except KeyError:
+        raise DataError(f"{path}: the archive has no member {member!r}") from None
+    except (zipfile.BadZipFile, OSError) as e:
+        raise DataError(f"{path}: not a readable zip file ({e})") from None
+
+
+__all__ = [
+    "DataError",
+    "decode_lines",
+    "read_bytes",
+    "read_lines",
+    "read_parallel",
+    "read_tsv",
+    "read_zip_member",
+    "split_tsv",
+]

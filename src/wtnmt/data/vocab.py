@@ -1,0 +1,82 @@
+"""The shared subword vocabulary: one sentencepiece model for both languages (paper §4.1).
+
+Special ids are fixed for every model (see ``wtnmt.special``): 0 <pad>, 1 <s>, 2 </s>,
+3 <unk>. BPE by default, as the paper; ``unigram`` as an option.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import sentencepiece as spm
+
+from wtnmt.data.io import DataError
+from wtnmt.special import BOS, EOS, PAD, UNK
+
+
+def train_sentencepiece(
+    sentences: Iterable[str],
+    model_prefix: Path,
+    *,
+    vocab_size: int,
+    model_type: str,
+    character_coverage: float,
+    seed: int,
+    max_sentences: int,
+) -> Path:
+    """Train on ``sentences`` (both languages' training side) → ``<prefix>.model``."""
+    spm.set_random_generator_seed(seed)  # the sentence sample below is drawn from it
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_prefix=str(model_prefix),
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            pad_id=PAD,
+            bos_id=BOS,
+            eos_id=EOS,
+            unk_id=UNK,
+            pad_piece="<pad>",
+            bos_piece="<s>",
+            eos_piece="</s>",
+            unk_piece="<unk>",
+            input_sentence_size=max_sentences,
+            shuffle_input_sentence=True,
+            num_threads=2,
+            minloglevel=2,
+        )
+    except RuntimeError as e:
+        raise DataError(
+            f"sentencepiece could not build a vocabulary of {vocab_size} pieces from the "
+            f"training data ({e}); lower data.vocab_size (--vocab-size)"
+        ) from None
+    return model_prefix.with_suffix(".model")
+
+
+class Vocabulary:
+    """A trained sentencepiece model: text ↔ ids, with the fixed special ids."""
+
+    def __init__(self, model_file: str | Path) -> None:
+        self.path = Path(model_file)
+        if not self.path.is_file():
+            raise DataError(f"{self.path}: no sentencepiece model there")
+        self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
+        specials = (self.sp.pad_id(), self.sp.bos_id(), self.sp.eos_id(), self.sp.unk_id())
+        if specials != (PAD, BOS, EOS, UNK):
+            raise DataError(
+                f"{self.path}: special ids (pad, bos, eos, unk) are {specials}, wtnmt needs "
+                f"{(PAD, BOS, EOS, UNK)}"
+            )
+
+    def __len__(self) -> int:
+        return self.sp.get_piece_size()
+
+    def encode(self, sentences: Sequence[str]) -> list[list[int]]:
+        """Sentences → piece ids, without BOS/EOS (added when batching)."""
+        return self.sp.encode(list(sentences), out_type=int, num_threads=2)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Piece ids → detokenised text; special ids are skipped."""
+        return self.sp.decode([i for i in ids if i > UNK or i == UNK])
