@@ -14,6 +14,8 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+from wtnmt.data.io import DataError
+
 Pair = tuple[str, str]
 
 
@@ -42,9 +44,10 @@ def split_by_pivot(
     keys = sorted(groups)  # a fixed order, whatever the file order, before the seeded shuffle
     random.Random(seed).shuffle(keys)
     if valid_size + test_size >= len(keys):
-        raise ValueError(
+        raise DataError(
             f"cannot hold out {valid_size} dev + {test_size} test sentences: the corpus has "
-            f"only {len(keys)} unique sentences on its pivot side"
+            f"only {len(keys)} unique sentences on its pivot side; lower data.valid_size and "
+            "data.test_size, or give dev and test files"
         )
     dropped: Counter[str] = Counter()
     valid_keys, test_keys = keys[:valid_size], keys[valid_size : valid_size + test_size]

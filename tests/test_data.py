@@ -1,0 +1,415 @@
+"""Reading, cleaning and preparing data: every bad input is caught or counted, nothing misaligns."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import random
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from wtnmt.cli import main as cli
+from wtnmt.config import ConfigError, DataConfig
+from wtnmt.data import DataError, ParallelData, Vocabulary, prepare
+from wtnmt.data.corpora import CORPORA, download, locate, sha256_of
+from wtnmt.data.io import read_lines, read_parallel, read_tsv
+from wtnmt.data.split import split_by_pivot
+from wtnmt.special import BOS, EOS
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+
+
+def sentence(i: int, n: int) -> str:
+    rng = random.Random(i)
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def translate(text: str) -> str:
+    """The 'translation' of the synthetic corpus: a function of the source, so alignment can
+    be checked by content after any filtering."""
+    return " ".join(w.upper()[::-1] for w in text.split())
+
+
+def write_corpus(
+    tmp: Path, n: int = 300, *, extra: list[tuple[str, str]] = ()
+) -> tuple[Path, Path]:
+    pairs = [(sentence(i, 2 + i % 9), "") for i in range(n)]
+    pairs = [(s, translate(s)) for s, _ in pairs] + list(extra)
+    src, tgt = tmp / "train.src", tmp / "train.tgt"
+    src.write_text("".join(p[0] + "\n" for p in pairs), encoding="utf-8")
+    tgt.write_text("".join(p[1] + "\n" for p in pairs), encoding="utf-8")
+    return src, tgt
+
+
+def small_config(src: Path, tgt: Path, **changes) -> DataConfig:
+    base = dict(
+        corpus=None,
+        train_src=str(src),
+        train_tgt=str(tgt),
+        valid_size=10,
+        test_size=10,
+        vocab_size=60,
+        src_lang="xx",
+        tgt_lang="yy",
+    )
+    return DataConfig(**{**base, **changes})
+
+
+# --------------------------------------------------------------------------------------------
+# Reading
+
+
+def test_mismatched_line_counts_name_both_files_and_counts(tmp_path):
+    (tmp_path / "a").write_text("one\ntwo\nthree\n")
+    (tmp_path / "b").write_text("eins\nzwei\n")
+    with pytest.raises(DataError, match=r"a has 3 lines and .*b has 2"):
+        read_parallel(tmp_path / "a", tmp_path / "b")
+
+
+def test_invalid_utf8_names_file_line_and_byte_offset(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"good line\nsecond \xff line\n")
+    with pytest.raises(DataError, match=r"bad\.txt: invalid UTF-8 on line 2 at byte offset 17"):
+        read_lines(path)
+
+
+def test_lines_split_on_newline_only(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_bytes("one\u2028still one\x0cand\x85more\r\ntwo\n".encode())
+    assert read_lines(path) == ["one\u2028still one\x0cand\x85more", "two"]
+    gz = tmp_path / "t.txt.gz"
+    gz.write_bytes(gzip.compress("a\u2028b\nc".encode()))
+    assert read_lines(gz) == ["a\u2028b", "c"]
+
+
+def test_tsv_line_with_wrong_columns_is_named(tmp_path):
+    path = tmp_path / "c.tsv"
+    path.write_text("a\tb\nc\td\te\nf\tg\n")
+    with pytest.raises(DataError, match=r"c\.tsv: line 2 has 3 tab-separated columns"):
+        read_tsv(path)
+    path.write_text("a\tb\n")
+    assert read_tsv(path) == [("a", "b")]
+
+
+# --------------------------------------------------------------------------------------------
+# Cleaning and alignment
+
+
+def test_cleaning_drops_pairs_together_counts_them_and_never_misaligns(tmp_path):
+    long = " ".join(WORDS * 30)
+    extra = [
+        ("", "LEER"),
+        ("nur quelle", "  "),
+        ("alpha beta", translate("alpha beta")),
+        ("alpha beta", translate("alpha beta")),
+        (long, translate(long)),
+        ("alpha", translate(" ".join(WORDS * 2))),
+    ]
+    src, tgt = write_corpus(tmp_path, extra=extra)
+    held = {}
+    for split in ("valid", "test"):  # given dev and test: every pair above stays in train
+        for side, f in (("src", lambda s: s), ("tgt", translate)):
+            held[f"{split}_{side}"] = tmp_path / f"{split}.{side}"
+            held[f"{split}_{side}"].write_text(
+                "".join(f(sentence(i, 3)) + "\n" for i in range(500, 505))
+            )
+    config = small_config(
+        src,
+        tgt,
+        max_tokens_per_side=300,
+        max_length_ratio=3.0,
+        **{k: str(v) for k, v in held.items()},
+    )
+    summary = prepare(config, tmp_path / "out", log=lambda _: None)
+    train = summary["splits"]["train"]
+    assert train["dropped"]["empty"] == 2
+    assert train["dropped"]["duplicate"] >= 1
+    assert train["dropped"]["too_long"] == 1
+    assert train["dropped"]["length_ratio"] == 1
+    assert train["pairs_read"] - sum(train["dropped"].values()) == train["pairs_kept"]
+    vocab = Vocabulary(tmp_path / "out" / "spm.model")
+    for split in ("train", "valid", "test"):
+        data = ParallelData(tmp_path / "out", split)
+        assert len(data) == summary["splits"][split]["pairs_kept"]
+        for i in range(len(data)):  # alignment by content
+            s, t = vocab.decode(data.src[i].tolist()), vocab.decode(data.tgt[i].tolist())
+            assert t == translate(s), (split, i)
+    batch = ParallelData(tmp_path / "out", "train").collate([0, 1])
+    assert (batch.tgt_in[:, 0] == BOS).all()
+    assert (batch.src == EOS).sum() == 2 and (batch.tgt_out == EOS).sum() == 2
+
+
+def test_held_out_splits_share_no_source_sentence_with_train(tmp_path):
+    src, tgt = write_corpus(tmp_path)
+    prepare(small_config(src, tgt), tmp_path / "out", log=lambda _: None)
+    texts = {
+        s: set((tmp_path / "out" / f"{s}.xx").read_text().splitlines()) for s in ("valid", "test")
+    }
+    vocab = Vocabulary(tmp_path / "out" / "spm.model")
+    train = ParallelData(tmp_path / "out", "train")
+    train_src = {vocab.decode(train.src[i].tolist()) for i in range(len(train))}
+    assert len(texts["valid"]) == 10 and len(texts["test"]) == 10
+    assert not (texts["valid"] | texts["test"]) & train_src
+    assert not texts["valid"] & texts["test"]
+
+
+def test_split_by_pivot_keeps_every_translation_of_a_held_out_sentence_out_of_train():
+    pairs = [(f"s{i % 40}", f"t{i}") for i in range(200)]  # 40 sources, 5 translations each
+    splits, dropped = split_by_pivot(pairs, pivot=0, seed=3, valid_size=5, test_size=5)
+    held = {p[0] for p in splits["valid"] + splits["test"]}
+    assert len(splits["valid"]) == 5 and len(splits["test"]) == 5
+    assert not held & {p[0] for p in splits["train"]}
+    assert dropped["other_translation_of_held_out"] == 10 * 4
+    assert len(splits["train"]) == 200 - 50
+    with pytest.raises(ValueError, match="only 40 unique sentences"):
+        split_by_pivot(pairs, pivot=0, seed=3, valid_size=30, test_size=10)
+
+
+# --------------------------------------------------------------------------------------------
+# The prepared directory as a cache
+
+
+def test_cache_reused_when_nothing_changed_and_rebuilt_on_any_change(tmp_path):
+    src, tgt = write_corpus(tmp_path)
+    out = tmp_path / "out"
+    logs: list[str] = []
+    prepare(small_config(src, tgt), out, log=logs.append)
+    built = (out / "manifest.json").stat().st_mtime_ns
+    logs.clear()
+    prepare(small_config(src, tgt), out, log=logs.append)
+    assert any("up to date" in line for line in logs)
+    assert (out / "manifest.json").stat().st_mtime_ns == built
+    # one changed input byte
+    data = bytearray(src.read_bytes())
+    data[0:5] = b"ALPHA"
+    src.write_bytes(bytes(data))
+    logs.clear()
+    prepare(small_config(src, tgt), out, log=logs.append)
+    assert not any("up to date" in line for line in logs)
+    first = json.loads((out / "manifest.json").read_text())
+    # one changed option
+    logs.clear()
+    prepare(small_config(src, tgt, vocab_size=70), out, log=logs.append)
+    assert not any("up to date" in line for line in logs)
+    assert json.loads((out / "manifest.json").read_text())["fingerprint"] != first["fingerprint"]
+    # a damaged vocabulary is noticed
+    (out / "spm.model").write_bytes(b"junk")
+    logs.clear()
+    prepare(small_config(src, tgt, vocab_size=70), out, log=logs.append)
+    assert not any("up to date" in line for line in logs)
+    assert not list(tmp_path.glob(".out.*"))  # no temporary directories left behind
+
+
+def test_prepare_cli_prints_the_summary_and_writes_summary_json(tmp_path, capsys):
+    src, tgt = write_corpus(tmp_path)
+    rc = cli(
+        [
+            "prepare",
+            "--src",
+            str(src),
+            "--tgt",
+            str(tgt),
+            "--src-lang",
+            "xx",
+            "--tgt-lang",
+            "yy",
+            "--vocab-size",
+            "60",
+            "--out",
+            str(tmp_path / "o"),
+            "--set",
+            "data.valid_size=10",
+            "--set",
+            "data.test_size=10",
+        ]
+    )
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "train" in printed and "vocabulary: 60 shared pieces" in printed
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert set(summary["splits"]["train"]) >= {
+        "pairs_read",
+        "pairs_kept",
+        "dropped",
+        "tokens_src",
+        "tokens_tgt",
+    }
+    assert (
+        cli(
+            [
+                "prepare",
+                "--src",
+                str(tmp_path / "missing"),
+                "--tgt",
+                str(tgt),
+                "--out",
+                str(tmp_path / "p"),
+            ]
+        )
+        == 2
+    )
+    assert "missing: no such file" in capsys.readouterr().err
+    assert (
+        cli(
+            [
+                "prepare",
+                "--src",
+                str(src),
+                "--tgt",
+                str(tgt),
+                "--out",
+                str(tmp_path / "q"),
+                "--vocab-size",
+                "100000",
+                "--set",
+                "data.valid_size=10",
+                "--set",
+                "data.test_size=10",
+            ]
+        )
+        == 2
+    )
+    assert "lower data.vocab_size" in capsys.readouterr().err
+
+
+def test_config_wants_exactly_one_data_source():
+    with pytest.raises(ConfigError, match="set exactly one source of training data"):
+        DataConfig(corpus="multi30k", train_tsv="x.tsv")
+    with pytest.raises(ConfigError, match="set exactly one source"):
+        DataConfig(corpus=None)
+    with pytest.raises(ConfigError, match=r"data\.valid_src and data\.valid_tgt go together"):
+        DataConfig(valid_src="a")
+
+
+# --------------------------------------------------------------------------------------------
+# Named corpora: Tatoeba zips, lookup, download
+
+
+def tatoeba_zip(path: Path, rows: list[str]) -> None:
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("deu.txt", "".join(r + "\n" for r in rows))
+        z.writestr("_about.txt", "about")
+
+
+@pytest.mark.parametrize("columns", [2, 3])
+def test_tatoeba_zip_with_two_or_three_columns(tmp_path, monkeypatch, columns):
+    rows = []
+    for i in range(120):
+        en = sentence(i, 2 + i % 5)
+        for k in range(1 + i % 3):  # several translations of one English sentence
+            row = f"{en}\t{translate(en)} {k}"
+            rows.append(
+                row + ("\tCC-BY 2.0 (France) Attribution: tatoeba.org #1" if columns == 3 else "")
+            )
+    corpus_dir = tmp_path / "tatoeba-deu-eng"
+    corpus_dir.mkdir()
+    tatoeba_zip(corpus_dir / "deu-eng.zip", rows)
+    monkeypatch.setenv("WTNMT_DATA", str(tmp_path))
+    config = DataConfig(
+        corpus="tatoeba-deu-eng",
+        src_lang="de",
+        tgt_lang="en",
+        valid_size=5,
+        test_size=5,
+        vocab_size=60,
+    )
+    summary = prepare(config, tmp_path / "out", log=lambda _: None)
+    assert summary["splits"]["valid"]["pairs_kept"] == 5
+    test_en = (tmp_path / "out" / "test.en").read_text().splitlines()
+    test_de = (tmp_path / "out" / "test.de").read_text().splitlines()
+    assert all(d.startswith(translate(e)) for e, d in zip(test_en, test_de, strict=True))
+
+
+def test_a_bad_tatoeba_line_is_named(tmp_path, monkeypatch):
+    (tmp_path / "tatoeba-deu-eng").mkdir()
+    tatoeba_zip(tmp_path / "tatoeba-deu-eng" / "deu-eng.zip", ["a\tb", "c\td", "no tab here"])
+    monkeypatch.setenv("WTNMT_DATA", str(tmp_path))
+    with pytest.raises(DataError, match=r"deu\.txt: line 3 has 1 tab-separated columns"):
+        prepare(DataConfig(), tmp_path / "out", log=lambda _: None)
+
+
+def test_missing_corpus_error_says_where_it_looked(tmp_path, monkeypatch):
+    monkeypatch.setenv("WTNMT_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("WTNMT_MIRROR", (tmp_path / "nowhere").as_uri())
+    with pytest.raises(DataError) as e:
+        locate(CORPORA["multi30k"])
+    message = str(e.value)
+    assert "$WTNMT_DATA" in message and str(tmp_path / "data" / "multi30k") in message
+    assert str(tmp_path / "cache" / "wtnmt" / "multi30k") in message
+    assert "set WTNMT_DATA" in message
+
+
+def test_file_url_download_and_checksum(tmp_path):
+    source = tmp_path / "served.bin"
+    source.write_bytes(b"payload")
+    digest = sha256_of(source)
+    got = download(source.as_uri(), tmp_path / "dl" / "file.bin", sha256=digest)
+    assert got.read_bytes() == b"payload"
+    with pytest.raises(DataError, match="refusing it"):
+        download(source.as_uri(), tmp_path / "dl" / "other.bin", sha256="0" * 64)
+    assert not (tmp_path / "dl" / "other.bin").exists()
+    assert list((tmp_path / "dl").iterdir()) == [got]  # no partial file left
+
+
+def test_pinned_checksum_refuses_a_wrong_multi30k_file(tmp_path, monkeypatch):
+    mirror = tmp_path / "mirror" / "multi30k"
+    mirror.mkdir(parents=True)
+    for f in CORPORA["multi30k"].files:
+        (mirror / f.name).write_bytes(gzip.compress(b"not the real file\n"))
+    monkeypatch.delenv("WTNMT_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("WTNMT_MIRROR", (tmp_path / "mirror").as_uri())
+    with pytest.raises(DataError, match="expected the pinned"):
+        locate(CORPORA["multi30k"])
+
+
+def _tgz(path: Path, members: dict[str, bytes]) -> None:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_wmt14_recipe_from_a_file_mirror(tmp_path, monkeypatch):
+    """The download and reading of WMT14 en-de, against a local file:// mirror of the
+    archives' layout (the real archives cannot be fetched on this project's machines)."""
+    mirror = tmp_path / "mirror" / "wmt14-en-de"
+    mirror.mkdir(parents=True)
+    pair = {"en": b"a house\nthe cat\n", "de": b"ein Haus\ndie Katze\n"}
+    _tgz(
+        mirror / "training-parallel-europarl-v7.tgz",
+        {f"training/europarl-v7.de-en.{k}": v for k, v in pair.items()},
+    )
+    _tgz(
+        mirror / "training-parallel-commoncrawl.tgz",
+        {f"commoncrawl.de-en.{k}": v for k, v in pair.items()},
+    )
+    _tgz(
+        mirror / "training-parallel-nc-v9.tgz",
+        {f"training/news-commentary-v9.de-en.{k}": v for k, v in pair.items()},
+    )
+    _tgz(mirror / "dev.tgz", {f"dev/newstest2013.{k}": v for k, v in pair.items()})
+    sgm = '<srcset>\n<doc>\n<seg id="1">A &amp; B</seg>\n<seg id="2">C</seg>\n</doc>\n'
+    _tgz(
+        mirror / "test-full.tgz",
+        {
+            "test-full/newstest2014-deen-src.en.sgm": sgm.encode(),
+            "test-full/newstest2014-deen-ref.de.sgm": sgm.replace("B", "Bé").encode(),
+        },
+    )
+    monkeypatch.delenv("WTNMT_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("WTNMT_MIRROR", (tmp_path / "mirror").as_uri())
+    corpus = CORPORA["wmt14-en-de"]
+    directory = locate(corpus)
+    assert directory == tmp_path / "cache" / "wtnmt" / "wmt14-en-de"
+    raw = corpus.read(directory, "de", "en")
+    assert raw["train"] == [("ein Haus", "a house"), ("die Katze", "the cat")] * 3
+    assert raw["test"] == [("A & Bé", "A & B"), ("C", "C")]
+    assert locate(corpus) == directory  # found in the cache the second time
