@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from wtnmt.data.io import DataError
 from wtnmt.special import BOS, EOS, PAD
+
+if TYPE_CHECKING:  # torch is imported where batches are made: `wtnmt prepare` needs none of it
+    from torch import Tensor
 
 
 def write_ids(path_stem: Path, sequences: list[list[int]], vocab_size: int) -> None:
@@ -59,7 +61,7 @@ class Batch:
 
     @property
     def target_tokens(self) -> int:
-        return int(self.tgt_out.ne(PAD).sum())
+        return int((self.tgt_out != PAD).sum())
 
 
 class ParallelData:
@@ -87,6 +89,8 @@ class ParallelData:
         return self.tgt.lengths + 1  # + BOS (input) or EOS (output)
 
     def collate(self, indices: np.ndarray) -> Batch:
+        import torch
+
         src = [self.src[i] for i in indices]
         tgt = [self.tgt[i] for i in indices]
         n, s_len, t_len = len(indices), max(map(len, src)) + 1, max(map(len, tgt)) + 1
