@@ -58,6 +58,25 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from wtnmt.runtime import tune_cpu_allocator
+    from wtnmt.train import Trainer
+
+    config = load_config(args.config, args.set)
+    out = Path(args.out or Path("runs") / Path(args.config).stem)
+    tune_cpu_allocator()
+    trainer = Trainer(config, out, resume=args.resume)
+    try:
+        state = trainer.run()
+    except KeyboardInterrupt:
+        return 130
+    print(
+        f"{out}: {state.step} steps, stopped because {state.finished}; weights in "
+        f"{out / 'model.safetensors'}"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wtnmt", description="Weighted Transformer neural machine translation."
@@ -93,11 +112,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="rebuild even if up to date")
     p.add_argument("--json", action="store_true", help="also print summary.json")
     p.set_defaults(func=cmd_prepare)
+
+    p = commands.add_parser(
+        "train",
+        help="train a model on a config's data",
+        description="Train the model of CONFIG (a YAML file or a preset name) on its data "
+        "section, preparing the data first if needed.",
+    )
+    p.add_argument("config", help="a run config file or preset name, e.g. weighted-small")
+    p.add_argument("--out", help="run directory (default: runs/<config name>)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override any config key, validated like the file",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its last complete checkpoint",
+    )
+    p.set_defaults(func=cmd_train)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     from wtnmt.data import DataError
+    from wtnmt.errors import CheckpointError, TrainingError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -105,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--src and --tgt go together")
     try:
         return args.func(args)
-    except (ConfigError, DataError) as e:
+    except (ConfigError, DataError, TrainingError, CheckpointError) as e:
         print(f"wtnmt {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

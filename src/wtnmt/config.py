@@ -178,6 +178,7 @@ class TrainConfig:
     warmup: int = 4000
     branch_warmup: int = 400
     freeze_branch_weights: int = 10_000  # κ, α frozen for the last this-many steps
+    freeze_branch_fraction: float = 1 / 6  # the same window for a run bounded by max_time
     adam_betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-9
     label_smoothing: float = 0.1
@@ -188,7 +189,11 @@ class TrainConfig:
     max_time: float | None = None  # seconds of wall clock
     log_every: int = 100
     valid_every: int = 1000
+    save_every: int | None = None  # default: valid_every
     keep_checkpoints: int = 3
+    max_nonfinite: int = 10  # consecutive skipped updates that stop the run
+    grad_ratio: bool = False  # log r_t = ‖∂L/∂h_1‖ / ‖∂L/∂h_N‖ (Bapna et al., Fig. 1)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     patience: int | None = None
     best_metric: Literal["loss", "bleu"] = "loss"
     threads: int | None = None
@@ -201,7 +206,12 @@ class TrainConfig:
             raise ConfigError(
                 f"train.freeze_branch_weights={self.freeze_branch_weights} must be >= 0"
             )
-        _probability(self, "train", "label_smoothing")
+        _probability(self, "train", "label_smoothing", "freeze_branch_fraction")
+        _positive(self, "train", "max_nonfinite")
+        if self.save_every is not None:
+            _positive(self, "train", "save_every")
+        if self.precision == "fp16" and self.device == "cpu":
+            raise ConfigError("train.precision='fp16' needs a GPU: use 'bf16' on the CPU")
         if self.max_steps is None and self.max_epochs is None and self.max_time is None:
             raise ConfigError("train: set at least one of max_steps, max_epochs, max_time")
 

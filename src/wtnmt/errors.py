@@ -1,0 +1,10 @@
+"""Errors the command line reports as a one-line message (no traceback). Importing this
+module imports no torch."""
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on; the message says why and where."""
+
+
+class CheckpointError(RuntimeError):
+    """A file that is not a usable checkpoint; the message names it."""

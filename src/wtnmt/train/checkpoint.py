@@ -1,0 +1,124 @@
+"""Checkpoints: weights in safetensors, training state in a file read with weights_only=True.
+
+A checkpoint ``step_000123`` is two files in ``checkpoints/``: ``step_000123.safetensors``
+and ``step_000123.state.pt``. Each is written to a temporary file in the same directory,
+fsynced, then moved into place with ``os.replace``; the state is written last and records the
+weights' sha256, so a checkpoint is complete exactly when its state file loads and matches.
+A run killed in the middle of writing leaves at most a temporary file, which is ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from wtnmt.errors import CheckpointError
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def weights_bytes(model: nn.Module) -> bytes:
+    """The model's tensors as safetensors bytes (contiguous copies; no shared storage)."""
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+    with tempfile.TemporaryDirectory() as d:
+        save_file(tensors, os.path.join(d, "w.safetensors"))
+        return Path(d, "w.safetensors").read_bytes()
+
+
+def save_weights(model: nn.Module, path: Path) -> str:
+    data = weights_bytes(model)
+    atomic_write(path, data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def load_weights(model: nn.Module, path: Path) -> None:
+    """Load safetensors weights into ``model`` (never unpickles)."""
+    try:
+        tensors = load_file(str(path))
+    except Exception as e:  # safetensors raises its own error types
+        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path}: weights do not fit this model (missing {missing[:3]}, unexpected "
+            f"{unexpected[:3]}): was it trained with another config?"
+        )
+
+
+def save_checkpoint(directory: Path, step: int, model: nn.Module, state: dict[str, Any]) -> Path:
+    stem = directory / f"step_{step:07d}"
+    digest = save_weights(model, stem.with_suffix(".safetensors"))
+    buffer = io.BytesIO()
+    torch.save({**state, "weights_sha256": digest, "step": step}, buffer)
+    atomic_write(stem.with_suffix(".state.pt"), buffer.getvalue())
+    return stem
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CheckpointError(
+            f"{path}: not a checkpoint state file ({type(e).__name__}: {str(e)[:200]})"
+        ) from None
+    if not isinstance(state, dict) or "weights_sha256" not in state or "step" not in state:
+        raise CheckpointError(f"{path}: not a wtnmt checkpoint state file")
+    weights = path.with_name(path.name.replace(".state.pt", ".safetensors"))
+    if not weights.is_file():
+        raise CheckpointError(f"{path}: its weights file {weights.name} is missing")
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    if digest != state["weights_sha256"]:
+        raise CheckpointError(f"{weights}: does not match its state file (sha256 differs)")
+    return state
+
+
+_STEP = re.compile(r"step_(\d+)\.state\.pt$")
+
+
+def list_checkpoints(directory: Path) -> list[Path]:
+    """State files in ``directory``, oldest first."""
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _STEP.search(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(directory: Path, warn=print) -> tuple[Path, dict[str, Any]] | None:  # type: ignore[no-untyped-def]
+    """The newest complete checkpoint; damaged newer ones are reported and skipped."""
+    for path in reversed(list_checkpoints(directory)):
+        try:
+            return path, load_state(path)
+        except CheckpointError as e:
+            warn(f"skipping a damaged checkpoint: {e}")
+    return None
+
+
+def prune_checkpoints(directory: Path, keep: int, protect: set[Path] = frozenset()) -> None:  # type: ignore[assignment]
+    """Keep the newest ``keep`` checkpoints (and any in ``protect``)."""
+    states = list_checkpoints(directory)
+    for path in states[: max(len(states) - keep, 0)]:
+        if path in protect:
+            continue
+        path.unlink(missing_ok=True)
+        path.with_name(path.name.replace(".state.pt", ".safetensors")).unlink(missing_ok=True)

@@ -1,0 +1,507 @@
+"""`wtnmt train`: the paper's training procedure (§4.1) on prepared data.
+
+One update = ``update_freq`` planned batches (gradient accumulation), normalised per target
+token over the whole update (and over every rank under DDP), then Adam with two parameter
+groups (the network on the inverse-√ schedule, κ/α on theirs), then the projection of κ and α
+onto the simplex, unless they are in their final frozen window.
+
+The run directory::
+
+    config.yaml        the resolved config        spm.model     the vocabulary
+    checkpoints/       step_*.safetensors + step_*.state.pt (the last K, and the best)
+    metrics.jsonl      one JSON object per logged step and per validation
+    train.log          the log lines             model.safetensors   the weights to use
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import yaml
+from torch import nn
+
+from wtnmt.config import RunConfig, config_to_dict
+from wtnmt.data import Batch, ParallelData, Vocabulary, plan_batches, prepare
+from wtnmt.disagreement import disagreement
+from wtnmt.errors import TrainingError
+from wtnmt.loss import label_smoothed_cross_entropy
+from wtnmt.model import BranchWeights, branch_weight_table, build_model, project_branch_weights
+from wtnmt.special import PAD
+from wtnmt.train.checkpoint import (
+    atomic_write,
+    latest_checkpoint,
+    load_weights,
+    prune_checkpoints,
+    save_checkpoint,
+    save_weights,
+)
+from wtnmt.train.schedule import branch_lr, branch_weights_frozen, inverse_sqrt
+
+
+@dataclass
+class TrainState:
+    """Everything besides weights and optimizer that resuming needs to continue exactly."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0  # planned batches of this epoch already consumed (this rank)
+    elapsed: float = 0.0  # seconds of training, summed over resumed runs
+    best: float | None = None
+    best_step: int | None = None
+    bad_validations: int = 0
+    nonfinite_total: int = 0
+    nonfinite_run: int = 0
+    finished: str | None = None  # why the run stopped, once it has
+
+
+@dataclass
+class Window:
+    """Sums over the steps since the last log line."""
+
+    loss: float = 0.0
+    nll: float = 0.0
+    tokens: int = 0
+    grad_norm: float = 0.0
+    updates: int = 0
+    start: float = field(default_factory=time.perf_counter)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise TrainingError("train.device='cuda' but no CUDA device is available")
+    return torch.device(name)
+
+
+class Trainer:
+    def __init__(
+        self,
+        config: RunConfig,
+        run_dir: str | Path,
+        *,
+        resume: bool = False,
+        log_to_stderr: bool = True,
+    ) -> None:
+        self.config, self.run_dir = config, Path(run_dir)
+        self.tc = config.train
+        self.rank = int(os.environ.get("RANK", 0))
+        self.world = int(os.environ.get("WORLD_SIZE", 1))
+        self.is_main = self.rank == 0
+        self.log_to_stderr = log_to_stderr
+        self.device = resolve_device(self.tc.device)
+        if self.world > 1 and not dist.is_initialized():
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            dist.init_process_group(backend)
+            if self.device.type == "cuda":
+                self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        if self.tc.threads:
+            torch.set_num_threads(self.tc.threads)
+        self._prepare_run_dir(resume)
+        self.vocab = Vocabulary(self.data_dir / "spm.model")
+        self.train_data = ParallelData(self.data_dir, "train")
+        self.valid_data = ParallelData(self.data_dir, "valid")
+        torch.manual_seed(self.tc.seed)
+        self.model = build_model(config.model, vocab_size=len(self.vocab)).to(self.device)
+        self.branch_params = [
+            p for m in self.model.modules() if isinstance(m, BranchWeights) for p in m.parameters()
+        ]
+        ids = {id(p) for p in self.branch_params}
+        groups = [{"params": [p for p in self.model.parameters() if id(p) not in ids]}]
+        if self.branch_params:
+            groups.append({"params": self.branch_params})
+        self.optimizer = torch.optim.Adam(
+            groups, lr=0.0, betas=self.tc.adam_betas, eps=self.tc.adam_eps
+        )
+        self.ddp: nn.Module = self.model
+        if self.world > 1:
+            self.ddp = nn.parallel.DistributedDataParallel(self.model)
+        self.scaler = torch.amp.GradScaler(enabled=self.tc.precision == "fp16")
+        self.state = TrainState()
+        torch.manual_seed(self.tc.seed + self.rank)  # dropout differs across ranks
+        if resume:
+            self._resume()
+
+    # ---------------------------------------------------------------------------------------
+    # Run directory, logging, checkpoints
+
+    def _prepare_run_dir(self, resume: bool) -> None:
+        c = self.config.data
+        self.data_dir = Path(
+            c.prepared_dir.format(
+                corpus=c.corpus or "custom", src_lang=c.src_lang, tgt_lang=c.tgt_lang
+            )
+        )
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        if self.is_main:
+            if not resume and (self.ckpt_dir.is_dir() and any(self.ckpt_dir.iterdir())):
+                raise TrainingError(
+                    f"{self.run_dir} already holds a run: add --resume to continue it, or "
+                    "choose another --out"
+                )
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            prepare(c, self.data_dir, log=self.log)
+            shutil.copyfile(self.data_dir / "spm.model", self.run_dir / "spm.model")
+            text = yaml.safe_dump(config_to_dict(self.config), sort_keys=False)
+            atomic_write(self.run_dir / "config.yaml", text.encode())
+        if self.world > 1:
+            dist.barrier()
+
+    def log(self, message: str) -> None:
+        if not self.is_main:
+            return
+        stamp = time.strftime("%H:%M:%S")
+        line = f"[{stamp}] {message}"
+        if self.log_to_stderr:
+            print(line, file=sys.stderr, flush=True)
+        with open(self.run_dir / "train.log", "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+    def record(self, entry: dict[str, Any]) -> None:
+        if self.is_main:
+            with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps(entry) + "\n")
+
+    def save(self) -> None:
+        if self.is_main:
+            rng = {"cpu": torch.get_rng_state()}
+            if torch.cuda.is_available():
+                rng["cuda"] = torch.cuda.get_rng_state()
+            state = {
+                "train_state": asdict(self.state),
+                "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "rng": rng,
+            }
+            save_checkpoint(self.ckpt_dir, self.state.step, self.model, state)
+            best = self.ckpt_dir / f"step_{self.state.best_step or 0:07d}.state.pt"
+            prune_checkpoints(self.ckpt_dir, self.tc.keep_checkpoints, protect={best})
+        if self.world > 1:
+            dist.barrier()
+
+    def _resume(self) -> None:
+        found = latest_checkpoint(self.ckpt_dir, warn=self.log)
+        if found is None:
+            raise TrainingError(f"--resume: no complete checkpoint in {self.ckpt_dir}")
+        path, state = found
+        load_weights(self.model, path.with_name(path.name.replace(".state.pt", ".safetensors")))
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.state = TrainState(**state["train_state"])
+        self.state.finished = None
+        torch.set_rng_state(state["rng"]["cpu"])
+        if "cuda" in state["rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state(state["rng"]["cuda"])
+        self.log(
+            f"resumed from {path.name}: step {self.state.step}, epoch {self.state.epoch}, "
+            f"batch {self.state.batch_in_epoch}"
+        )
+
+    # ---------------------------------------------------------------------------------------
+    # One update
+
+    def _autocast(self):  # type: ignore[no-untyped-def]
+        if self.tc.precision == "fp32":
+            return nullcontext()
+        dtype = torch.bfloat16 if self.tc.precision == "bf16" else torch.float16
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    def _set_lr(self, frozen: bool) -> tuple[float, float]:
+        step, m = self.state.step + 1, self.config.model
+        lr = inverse_sqrt(step, d_model=m.d_model, warmup=self.tc.warmup, scale=self.tc.lr_scale)
+        lr_b = (
+            0.0
+            if frozen
+            else branch_lr(
+                step,
+                d_model=m.d_model,
+                layers=m.encoder_layers,
+                warmup=self.tc.branch_warmup,
+                scale=self.tc.lr_scale,
+            )
+        )
+        self.optimizer.param_groups[0]["lr"] = lr
+        if len(self.optimizer.param_groups) > 1:
+            self.optimizer.param_groups[1]["lr"] = lr_b
+        return lr, lr_b
+
+    def update(
+        self, batches: list[Batch], *, want_ratio: bool = False
+    ) -> tuple[float, float, int, float, float | None]:
+        """Forward/backward over ``batches``, then one optimizer step (unless non-finite).
+
+        Returns (loss sum, nll sum, target tokens, gradient norm, r_t or None).
+        """
+        tokens = sum(b.target_tokens for b in batches)
+        total = torch.tensor(float(tokens), device=self.device)
+        if self.world > 1:
+            dist.all_reduce(total)
+        scale = self.world / float(total)  # DDP averages over ranks: undo it, divide by tokens
+        dis = self.tc.disagreement
+        need_internals = bool(dis.terms) and dis.weight > 0
+        loss_sum, nll_sum, ratio = 0.0, 0.0, None
+        for i, batch in enumerate(batches):
+            sync = i == len(batches) - 1 or self.world == 1
+            context = nullcontext() if sync else self.ddp.no_sync()  # type: ignore[operator]
+            src, tgt_in = batch.src.to(self.device), batch.tgt_in.to(self.device)
+            tgt_out = batch.tgt_out.to(self.device)
+            real = tgt_out.ne(PAD)
+            with context, self._autocast():
+                ratio_here = want_ratio and i == 0
+                out = self.ddp(
+                    src, tgt_in, logits_mask=real, need_internals=need_internals or ratio_here
+                )
+                loss_tok, nll_tok = label_smoothed_cross_entropy(
+                    out.logits, tgt_out[real], epsilon=self.tc.label_smoothing
+                )
+                loss = loss_tok.sum()
+                if need_internals:
+                    d = disagreement(out.internals, terms=dis.terms, modules=dis.modules)
+                    loss = loss - dis.weight * d * batch.target_tokens
+                if ratio_here:
+                    states = out.internals.encoder_states
+                    for h in (states[1], states[-1]):
+                        h.retain_grad()
+                self.scaler.scale(loss * scale).backward()
+            if ratio_here:
+                low, top = states[1].grad, states[-1].grad
+                ratio = float(low.norm() / top.norm().clamp_min(1e-30))
+            loss_sum += float(loss_tok.detach().sum())
+            nll_sum += float(nll_tok.sum())
+        self.scaler.unscale_(self.optimizer)
+        max_norm = self.tc.clip_norm if self.tc.clip_norm else float("inf")
+        grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        if not (math.isfinite(loss_sum) and math.isfinite(grad_norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.update()
+            raise FloatingPointError(f"loss {loss_sum}, gradient norm {grad_norm}")
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_sum, nll_sum, tokens, grad_norm, ratio
+
+    # ---------------------------------------------------------------------------------------
+    # Validation
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        self.model.eval()
+        plan = plan_batches(
+            self.valid_data.src_lengths,
+            self.valid_data.tgt_lengths,
+            max_tokens=self.tc.max_tokens,
+            seed=0,
+            epoch=0,
+            shuffle=False,
+        )
+        loss_sum = nll_sum = 0.0
+        tokens = 0
+        for indices in plan.batches:
+            b = self.valid_data.collate(indices)
+            real = b.tgt_out.ne(PAD).to(self.device)
+            with self._autocast():
+                logits = self.model(
+                    b.src.to(self.device), b.tgt_in.to(self.device), logits_mask=real
+                ).logits
+            loss, nll = label_smoothed_cross_entropy(
+                logits, b.tgt_out.to(self.device)[real], epsilon=self.tc.label_smoothing
+            )
+            loss_sum, nll_sum = loss_sum + float(loss.sum()), nll_sum + float(nll.sum())
+            tokens += b.target_tokens
+        self.model.train()
+        nll = nll_sum / max(tokens, 1)
+        return {
+            "valid_loss": loss_sum / max(tokens, 1),
+            "valid_nll": nll,
+            "valid_ppl": math.exp(min(nll, 50)),
+        }
+
+    # ---------------------------------------------------------------------------------------
+    # The loop
+
+    def _frozen(self) -> bool:
+        return bool(self.branch_params) and branch_weights_frozen(
+            self.state.step + 1,
+            self.state.elapsed,
+            max_steps=self.tc.max_steps,
+            max_time=self.tc.max_time,
+            freeze_steps=self.tc.freeze_branch_weights,
+            freeze_fraction=self.tc.freeze_branch_fraction,
+        )
+
+    def _stop_reason(self) -> str | None:
+        s, tc = self.state, self.tc
+        if tc.max_steps is not None and s.step >= tc.max_steps:
+            return f"max_steps={tc.max_steps} reached"
+        if tc.max_time is not None and s.elapsed >= tc.max_time:
+            return f"max_time={tc.max_time:g}s reached"
+        if tc.max_epochs is not None and s.epoch >= tc.max_epochs:
+            return f"max_epochs={tc.max_epochs} reached"
+        if tc.patience is not None and s.bad_validations >= tc.patience:
+            return f"no validation improvement in {tc.patience} validations (patience)"
+        return None
+
+    def _log_step(
+        self, window: Window, lr: float, lr_b: float, ratio: float | None, progress
+    ) -> Window:  # type: ignore[no-untyped-def]
+        s = self.state
+        seconds = time.perf_counter() - window.start
+        loss, nll = window.loss / max(window.tokens, 1), window.nll / max(window.tokens, 1)
+        entry: dict[str, Any] = {
+            "step": s.step,
+            "epoch": s.epoch,
+            "loss": round(loss, 4),
+            "nll": round(nll, 4),
+            "ppl": round(math.exp(min(nll, 50)), 2),
+            "lr": lr,
+            "lr_branch": lr_b,
+            "grad_norm": round(window.grad_norm / max(window.updates, 1), 4),
+            "tokens_per_s": round(window.tokens * self.world / max(seconds, 1e-9), 1),
+            "elapsed": round(s.elapsed, 1),
+            "nonfinite_skipped": s.nonfinite_total,
+            "branch_weights": branch_weight_table(self.model),
+        }
+        if self.model.transparent is not None:
+            with torch.no_grad():
+                entry["transparent_weights"] = self.model.transparent.weight.softmax(0).tolist()
+        if ratio is not None:
+            entry["grad_ratio"] = ratio
+        self.record(entry)
+        text = (
+            f"step {s.step} | epoch {s.epoch} | loss {loss:.3f} | nll {nll:.3f} | "
+            f"ppl {entry['ppl']:.1f} | lr {lr:.2e} | lr κα {lr_b:.2e} | gnorm "
+            f"{entry['grad_norm']:.2f} | {entry['tokens_per_s']:.0f} tok/s | "
+            f"{s.elapsed:.0f}s"
+        )
+        if progress is not None:
+            progress.set_postfix_str(f"loss {loss:.3f} | {entry['tokens_per_s']:.0f} tok/s")
+            with open(self.run_dir / "train.log", "a", encoding="utf-8") as f:
+                f.write(text + "\n")
+        else:
+            self.log(text)
+        return Window()
+
+    def _validate_and_keep_best(self) -> None:
+        scores = self.validate()
+        metric = scores["valid_loss"]
+        s = self.state
+        improved = s.best is None or metric < s.best
+        if improved:
+            s.best, s.best_step, s.bad_validations = metric, s.step, 0
+            if self.is_main:
+                save_weights(self.model, self.run_dir / "model.safetensors")
+        else:
+            s.bad_validations += 1
+        self.record(
+            {"step": s.step, **{k: round(v, 4) for k, v in scores.items()}, "best": improved}
+        )
+        self.log(
+            f"validation at step {s.step}: loss {scores['valid_loss']:.3f} | ppl "
+            f"{scores['valid_ppl']:.2f}{' (best)' if improved else ''}"
+        )
+
+    def run(self) -> TrainState:
+        s, tc = self.state, self.tc
+        self.model.train()
+        save_every = tc.save_every or tc.valid_every
+        progress = None
+        if self.is_main and self.log_to_stderr and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            progress = tqdm(total=tc.max_steps, initial=s.step, unit="step", dynamic_ncols=True)
+        self.log(
+            f"training {sum(p.numel() for p in self.model.parameters()):,} parameters "
+            f"on {self.device} ({self.world} process{'es' if self.world > 1 else ''}), "
+            f"{len(self.train_data):,} training pairs"
+        )
+        window, lr, lr_b = Window(), 0.0, 0.0
+        reason = self._stop_reason()
+        try:
+            while reason is None:
+                plan = plan_batches(
+                    self.train_data.src_lengths,
+                    self.train_data.tgt_lengths,
+                    max_tokens=tc.max_tokens,
+                    seed=tc.seed,
+                    epoch=s.epoch,
+                )
+                batches = plan.shard(self.rank, self.world).batches
+                while reason is None and s.batch_in_epoch < len(batches):
+                    group = batches[s.batch_in_epoch : s.batch_in_epoch + tc.update_freq]
+                    start = time.perf_counter()
+                    frozen = self._frozen()
+                    lr, lr_b = self._set_lr(frozen)
+                    want_ratio = tc.grad_ratio and (s.step + 1) % tc.log_every == 0
+                    try:
+                        loss, nll, tokens, gnorm, ratio = self.update(
+                            [self.train_data.collate(i) for i in group], want_ratio=want_ratio
+                        )
+                    except FloatingPointError as e:
+                        s.nonfinite_total += 1
+                        s.nonfinite_run += 1
+                        self.log(
+                            f"warning: step {s.step + 1}: non-finite {e}; update skipped "
+                            f"({s.nonfinite_run} in a row)"
+                        )
+                        if s.nonfinite_run >= tc.max_nonfinite:
+                            s.batch_in_epoch += len(group)
+                            self.save()
+                            raise TrainingError(
+                                f"{s.nonfinite_run} non-finite updates in a row up to step "
+                                f"{s.step + 1}; checkpoint saved in {self.ckpt_dir} for "
+                                "inspection (lower the learning rate or enable clip_norm)"
+                            ) from None
+                        s.batch_in_epoch += len(group)
+                        continue
+                    s.nonfinite_run = 0
+                    if not frozen and self.config.model.branch_weights != "softmax":
+                        project_branch_weights(self.model)
+                    s.step += 1
+                    s.batch_in_epoch += len(group)
+                    s.elapsed += time.perf_counter() - start
+                    window.loss += loss
+                    window.nll += nll
+                    window.tokens += tokens
+                    window.grad_norm += gnorm
+                    window.updates += 1
+                    if progress is not None:
+                        progress.update(1)
+                    if s.step % tc.log_every == 0:
+                        window = self._log_step(window, lr, lr_b, ratio, progress)
+                    if s.step % tc.valid_every == 0:
+                        self._validate_and_keep_best()
+                    if s.step % save_every == 0:
+                        self.save()
+                    reason = self._stop_reason()
+                if s.batch_in_epoch >= len(batches):
+                    s.epoch += 1
+                    s.batch_in_epoch = 0
+                    reason = reason or self._stop_reason()
+        except KeyboardInterrupt:
+            self.log(f"interrupted at step {s.step}: saving a checkpoint")
+            self.save()
+            self.log(
+                f"resume with: wtnmt train {self.run_dir / 'config.yaml'} --out "
+                f"{self.run_dir} --resume"
+            )
+            raise
+        finally:
+            if progress is not None:
+                progress.close()
+        s.finished = reason
+        self.log(f"stopped: {reason}")
+        if s.step % tc.valid_every != 0 or s.best is None:
+            self._validate_and_keep_best()
+        self.save()
+        return s

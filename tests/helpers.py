@@ -1,0 +1,58 @@
+"""Tiny synthetic corpora and configs for tests that train."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from wtnmt.config import config_from_dict, config_to_dict, load_config
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+
+
+def sentence(i: int, n: int) -> str:
+    rng = random.Random(i)
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def translate(text: str) -> str:
+    """The corpus's 'translation': a fixed function of the source (checkable by content)."""
+    return " ".join(w.upper()[::-1] for w in text.split())
+
+
+def write_pairs(directory: Path, name: str, sources: list[str]) -> tuple[Path, Path]:
+    src, tgt = directory / f"{name}.src", directory / f"{name}.tgt"
+    src.write_text("".join(s + "\n" for s in sources), encoding="utf-8")
+    tgt.write_text("".join(translate(s) + "\n" for s in sources), encoding="utf-8")
+    return src, tgt
+
+
+def tiny_run_config(tmp: Path, *, n_train: int = 200, **sections):  # type: ignore[no-untyped-def]
+    """A weighted-tiny run on a synthetic corpus in ``tmp``; ``sections`` override keys, e.g.
+    ``train={"max_steps": 5}``."""
+    train = write_pairs(tmp, "train", [sentence(i, 2 + i % 5) for i in range(n_train)])
+    valid = write_pairs(tmp, "valid", [sentence(10_000 + i, 3) for i in range(8)])
+    test = write_pairs(tmp, "test", [sentence(20_000 + i, 3) for i in range(8)])
+    values = config_to_dict(load_config("weighted-tiny"))
+    values["data"].update(
+        corpus=None,
+        train_src=str(train[0]),
+        train_tgt=str(train[1]),
+        valid_src=str(valid[0]),
+        valid_tgt=str(valid[1]),
+        test_src=str(test[0]),
+        test_tgt=str(test[1]),
+        src_lang="xx",
+        tgt_lang="yy",
+        vocab_size=60,
+        prepared_dir=str(tmp / "prepared"),
+        max_words=None,
+        train_size=None,
+    )
+    values["model"].update(dropout=0.0, attention_dropout=0.0)
+    values["train"].update(
+        max_steps=6, log_every=2, valid_every=3, max_tokens=300, freeze_branch_weights=0, threads=1
+    )
+    for section, changes in sections.items():
+        values[section].update(changes)
+    return config_from_dict(values)

@@ -1,0 +1,309 @@
+"""Training: schedules, simplex and freezing, exact resumption, faults, DDP, overfitting."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from helpers import sentence, tiny_run_config, translate, write_pairs
+from wtnmt.data import ParallelData, Vocabulary
+from wtnmt.decode import greedy_search
+from wtnmt.errors import CheckpointError, TrainingError
+from wtnmt.train import Trainer, branch_lr, inverse_sqrt
+from wtnmt.train.checkpoint import latest_checkpoint, load_state, save_checkpoint
+
+QUIET = {"log_to_stderr": False}
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path))
+
+
+def test_schedules_give_the_paper_values():
+    # lr = D^-0.5 · min(step^-0.5, step · warmup^-1.5), D = 512, warm-up 4000
+    assert inverse_sqrt(1, d_model=512, warmup=4000) == pytest.approx(512**-0.5 * 4000**-1.5)
+    assert inverse_sqrt(4000, d_model=512, warmup=4000) == pytest.approx(6.98771242e-4)
+    assert inverse_sqrt(16000, d_model=512, warmup=4000) == pytest.approx(3.49385621e-4)
+    assert inverse_sqrt(0, d_model=512, warmup=4000) == inverse_sqrt(1, d_model=512, warmup=4000)
+    # κ, α: (D/N)^-0.5 · min(step^-0.5, step · 400^-1.5), D = 512, N = 6
+    assert branch_lr(400, d_model=512, layers=6, warmup=400) == pytest.approx(5.41265877e-3)
+    assert branch_lr(100, d_model=512, layers=6, warmup=400) == pytest.approx(
+        (512 / 6) ** -0.5 * 100 * 400**-1.5
+    )
+    peak = max(inverse_sqrt(s, d_model=512, warmup=4000) for s in range(1, 10_000))
+    assert peak == inverse_sqrt(4000, d_model=512, warmup=4000)
+
+
+def test_branch_weights_stay_on_the_simplex_and_freeze_at_the_end(tmp_path):
+    config = tiny_run_config(
+        tmp_path,
+        train={"max_steps": 8, "save_every": 1, "freeze_branch_weights": 3, "keep_checkpoints": 20},
+    )
+    Trainer(config, tmp_path / "run", **QUIET).run()
+    states = sorted((tmp_path / "run" / "checkpoints").glob("step_*.safetensors"))
+    assert len(states) == 8
+    snapshots = [weights(p) for p in states]
+    for snap in snapshots:
+        for name, tensor in snap.items():
+            if name.endswith((".kappa", ".alpha")):
+                assert (tensor >= 0).all() and abs(float(tensor.sum()) - 1) < 1e-6, name
+    branch = [n for n in snapshots[0] if n.endswith((".kappa", ".alpha"))]
+    assert branch
+    # steps 1–5 move κ, α; steps 6–8 (the last 3) leave them exactly as they were
+    assert any(not torch.equal(snapshots[3][n], snapshots[4][n]) for n in branch)
+    for before, after in zip(snapshots[4:], snapshots[5:], strict=False):
+        assert all(torch.equal(before[n], after[n]) for n in branch)
+        assert not torch.equal(before["embedding.weight"], after["embedding.weight"])
+    log = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    steps = [e for e in log if "loss" in e]
+    assert {
+        "step",
+        "loss",
+        "nll",
+        "ppl",
+        "lr",
+        "lr_branch",
+        "grad_norm",
+        "tokens_per_s",
+        "elapsed",
+        "branch_weights",
+    } <= set(steps[0])
+    assert steps[-1]["lr_branch"] == 0.0 and steps[0]["lr_branch"] > 0
+
+
+def test_resume_equals_training_straight_through(tmp_path):
+    straight = tiny_run_config(
+        tmp_path, train={"max_steps": 8, "save_every": 100, "valid_every": 100}
+    )
+    Trainer(straight, tmp_path / "a", **QUIET).run()
+    first = tiny_run_config(tmp_path, train={"max_steps": 4, "save_every": 100, "valid_every": 100})
+    Trainer(first, tmp_path / "b", **QUIET).run()
+    state = Trainer(straight, tmp_path / "b", resume=True, **QUIET).run()
+    assert state.step == 8
+    a = weights(sorted((tmp_path / "a" / "checkpoints").glob("*.safetensors"))[-1])
+    b = weights(sorted((tmp_path / "b" / "checkpoints").glob("*.safetensors"))[-1])
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+KILLER = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+import wtnmt.train.checkpoint as ckpt
+from helpers import tiny_run_config
+from pathlib import Path
+from wtnmt.train import Trainer
+real_replace, calls = os.replace, [0]
+def dying_replace(src, dst):
+    calls[0] += 1
+    if str(dst).endswith("step_0000005.state.pt"):  # mid-way through checkpoint 5
+        os.kill(os.getpid(), signal.SIGKILL)
+    real_replace(src, dst)
+ckpt.os.replace = dying_replace
+config = tiny_run_config(Path({tmp!r}), train={{"max_steps": 8, "save_every": 1,
+                                               "valid_every": 100, "keep_checkpoints": 10}})
+Trainer(config, Path({run!r}), log_to_stderr=False).run()
+"""
+
+
+def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_last_complete_one(tmp_path):
+    run = tmp_path / "killed"
+    code = KILLER.format(tests=str(Path(__file__).parent), tmp=str(tmp_path), run=str(run))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == -9, done.stderr  # SIGKILL
+    leftovers = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert "step_0000005.safetensors" in leftovers  # weights written, state not
+    assert any(name.endswith(".tmp") for name in leftovers)
+    path, state = latest_checkpoint(run / "checkpoints", warn=lambda _: None)
+    assert state["step"] == 4
+    config = tiny_run_config(
+        tmp_path,
+        train={"max_steps": 8, "save_every": 1, "valid_every": 100, "keep_checkpoints": 10},
+    )
+    assert Trainer(config, run, resume=True, **QUIET).run().step == 8
+    reference = tiny_run_config(
+        tmp_path, train={"max_steps": 8, "save_every": 100, "valid_every": 100}
+    )
+    Trainer(reference, tmp_path / "straight", **QUIET).run()
+    a = weights(run / "checkpoints" / "step_0000008.safetensors")
+    b = weights(sorted((tmp_path / "straight" / "checkpoints").glob("*.safetensors"))[-1])
+    assert all(torch.equal(a[n], b[n]) for n in a)
+
+
+def test_damaged_checkpoints_give_clear_errors(tmp_path):
+    path = tmp_path / "x.state.pt"
+    path.write_bytes(b"definitely not a checkpoint")
+    with pytest.raises(CheckpointError, match=r"x\.state\.pt: not a checkpoint state file"):
+        load_state(path)
+    model = torch.nn.Linear(2, 2)
+    stem = save_checkpoint(tmp_path, 3, model, {"train_state": {}})
+    state_file = stem.with_suffix(".state.pt")
+    state_file.write_bytes(state_file.read_bytes()[:40])  # truncated
+    with pytest.raises(CheckpointError, match="not a checkpoint state file"):
+        load_state(state_file)
+    stem = save_checkpoint(tmp_path, 4, model, {"train_state": {}})
+    stem.with_suffix(".safetensors").write_bytes(b"junk")
+    with pytest.raises(CheckpointError, match="does not match its state file"):
+        load_state(stem.with_suffix(".state.pt"))
+
+
+def test_resume_without_checkpoint_and_reuse_of_a_run_dir_are_refused(tmp_path):
+    config = tiny_run_config(tmp_path)
+    with pytest.raises(TrainingError, match="no complete checkpoint"):
+        Trainer(config, tmp_path / "empty", resume=True, **QUIET)
+    Trainer(config, tmp_path / "run", **QUIET).run()
+    with pytest.raises(TrainingError, match="already holds a run: add --resume"):
+        Trainer(config, tmp_path / "run", **QUIET)
+
+
+def test_a_nan_loss_is_skipped_and_counted(tmp_path, monkeypatch):
+    import wtnmt.train.trainer as trainer_module
+
+    real, calls = trainer_module.label_smoothed_cross_entropy, [0]
+
+    def sometimes_nan(logits, target, *, epsilon):
+        calls[0] += 1
+        loss, nll = real(logits, target, epsilon=epsilon)
+        return (loss * float("nan"), nll) if calls[0] == 3 else (loss, nll)
+
+    monkeypatch.setattr(trainer_module, "label_smoothed_cross_entropy", sometimes_nan)
+    config = tiny_run_config(tmp_path, train={"max_steps": 5, "valid_every": 100})
+    trainer = Trainer(config, tmp_path / "run", **QUIET)
+    state = trainer.run()
+    assert state.step == 5 and state.nonfinite_total == 1
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "non-finite" in log and "update skipped" in log
+    entries = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert [e["nonfinite_skipped"] for e in entries if "loss" in e][-1] == 1
+
+
+def test_consecutive_nans_stop_the_run_with_a_checkpoint(tmp_path, monkeypatch):
+    import wtnmt.train.trainer as trainer_module
+
+    real = trainer_module.label_smoothed_cross_entropy
+    monkeypatch.setattr(
+        trainer_module,
+        "label_smoothed_cross_entropy",
+        lambda lg, tg, *, epsilon: (
+            real(lg, tg, epsilon=epsilon)[0] * float("nan"),
+            real(lg, tg, epsilon=epsilon)[1],
+        ),
+    )
+    config = tiny_run_config(tmp_path, train={"max_steps": 50, "max_nonfinite": 3})
+    with pytest.raises(TrainingError, match="3 non-finite updates in a row up to step 1"):
+        Trainer(config, tmp_path / "run", **QUIET).run()
+    assert list((tmp_path / "run" / "checkpoints").glob("*.state.pt"))
+
+
+DDP_WORKER = """
+import os, sys
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+import torch
+from helpers import tiny_run_config
+from wtnmt.train import Trainer
+torch.set_num_threads(1)
+config = tiny_run_config(Path({tmp!r}), n_train=300, train={{"max_steps": 4, "update_freq": 1,
+    "valid_every": 100, "save_every": 100, "max_tokens": 200}})
+trainer = Trainer(config, Path({run!r}), log_to_stderr=False)
+trainer.run()
+if int(os.environ["RANK"]) == 0:
+    torch.save({{k: v for k, v in trainer.model.state_dict().items()}}, {out!r})
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ddp_with_two_processes_equals_one_process_fed_the_same_global_batches(tmp_path):
+    code = DDP_WORKER.format(
+        tests=str(Path(__file__).parent),
+        tmp=str(tmp_path),
+        run=str(tmp_path / "ddp"),
+        out=str(tmp_path / "ddp.pt"),
+    )
+    # prepare once, so that the two ranks do not race to build the same directory
+    single = tiny_run_config(
+        tmp_path,
+        n_train=300,
+        train={
+            "max_steps": 4,
+            "update_freq": 2,
+            "valid_every": 100,
+            "save_every": 100,
+            "max_tokens": 200,
+        },
+    )
+    trainer = Trainer(single, tmp_path / "single", **QUIET)
+    trainer.run()
+    port = _free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env={
+                **os.environ,
+                "RANK": str(r),
+                "WORLD_SIZE": "2",
+                "LOCAL_RANK": str(r),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            },
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err[-2000:]
+    ddp = torch.load(tmp_path / "ddp.pt", weights_only=True)
+    one = trainer.model.state_dict()
+    for name, value in one.items():
+        # the same arithmetic in another order: float32 rounding only
+        torch.testing.assert_close(ddp[name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_a_tiny_weighted_model_overfits_twenty_pairs(tmp_path):
+    sources = [sentence(i, 3 + i % 3) for i in range(20)]
+    config = tiny_run_config(
+        tmp_path,
+        n_train=20,
+        model={"d_model": 64, "d_ff": 256, "heads": 4},
+        train={
+            "max_steps": 200,
+            "warmup": 40,
+            "branch_warmup": 10,
+            "label_smoothing": 0.0,
+            "max_tokens": 2000,
+            "valid_every": 1000,
+            "save_every": 1000,
+            "log_every": 50,
+            "lr_scale": 0.5,
+        },
+    )
+    write_pairs(tmp_path, "train", sources)  # exactly these 20 pairs
+    trainer = Trainer(config, tmp_path / "run", **QUIET)
+    trainer.run()
+    log = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    final_nll = [e["nll"] for e in log if "nll" in e][-1]
+    assert final_nll < 0.05  # stated bar: per-token NLL below 0.05 nats
+    data = ParallelData(tmp_path / "prepared", "train")
+    vocab = Vocabulary(tmp_path / "prepared" / "spm.model")
+    batch = data.collate(list(range(len(data))))
+    model = trainer.model.eval()
+    outputs = [vocab.decode(h.tokens) for h in greedy_search(model, batch.src)]
+    expected = [translate(vocab.decode(data.src[i].tolist())) for i in range(len(data))]
+    assert outputs == expected
