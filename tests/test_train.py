@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -59,7 +60,7 @@ def test_branch_weights_stay_on_the_simplex_and_freeze_at_the_end(tmp_path):
     assert branch
     # steps 1–5 move κ, α; steps 6–8 (the last 3) leave them exactly as they were
     assert any(not torch.equal(snapshots[3][n], snapshots[4][n]) for n in branch)
-    for before, after in zip(snapshots[4:], snapshots[5:], strict=False):
+    for before, after in itertools.pairwise(snapshots[4:]):
         assert all(torch.equal(before[n], after[n]) for n in branch)
         assert not torch.equal(before["embedding.weight"], after["embedding.weight"])
     log = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
@@ -123,7 +124,7 @@ def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_last_complete_
     leftovers = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert "step_0000005.safetensors" in leftovers  # weights written, state not
     assert any(name.endswith(".tmp") for name in leftovers)
-    path, state = latest_checkpoint(run / "checkpoints", warn=lambda _: None)
+    _, state = latest_checkpoint(run / "checkpoints", warn=lambda _: None)
     assert state["step"] == 4
     config = tiny_run_config(
         tmp_path,
