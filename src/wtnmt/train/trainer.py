@@ -93,7 +93,11 @@ class Trainer:
         *,
         resume: bool = False,
         log_to_stderr: bool = True,
+        data_dir: str | Path | None = None,
+        vocab_size: int | None = None,
     ) -> None:
+        """``data_dir`` (with ``vocab_size``) trains on a directory already in the prepared
+        format, e.g. pre-tokenised benchmark data, instead of preparing ``config.data``."""
         self.config, self.run_dir = config, Path(run_dir)
         self.tc = config.train
         self.rank = int(os.environ.get("RANK", 0))
@@ -108,12 +112,13 @@ class Trainer:
                 self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         if self.tc.threads:
             torch.set_num_threads(self.tc.threads)
-        self._prepare_run_dir(resume)
-        self.vocab = Vocabulary(self.data_dir / "spm.model")
+        self._prepare_run_dir(resume, data_dir)
+        if vocab_size is None:
+            vocab_size = len(Vocabulary(self.data_dir / "spm.model"))
         self.train_data = ParallelData(self.data_dir, "train")
         self.valid_data = ParallelData(self.data_dir, "valid")
         torch.manual_seed(self.tc.seed)
-        self.model = build_model(config.model, vocab_size=len(self.vocab)).to(self.device)
+        self.model = build_model(config.model, vocab_size=vocab_size).to(self.device)
         self.branch_params = [
             p for m in self.model.modules() if isinstance(m, BranchWeights) for p in m.parameters()
         ]
@@ -136,13 +141,12 @@ class Trainer:
     # ---------------------------------------------------------------------------------------
     # Run directory, logging, checkpoints
 
-    def _prepare_run_dir(self, resume: bool) -> None:
+    def _prepare_run_dir(self, resume: bool, data_dir: str | Path | None) -> None:
         c = self.config.data
-        self.data_dir = Path(
-            c.prepared_dir.format(
-                corpus=c.corpus or "custom", src_lang=c.src_lang, tgt_lang=c.tgt_lang
-            )
+        prepared = c.prepared_dir.format(
+            corpus=c.corpus or "custom", src_lang=c.src_lang, tgt_lang=c.tgt_lang
         )
+        self.data_dir = Path(data_dir if data_dir is not None else prepared)
         self.ckpt_dir = self.run_dir / "checkpoints"
         if self.is_main:
             if not resume and (self.ckpt_dir.is_dir() and any(self.ckpt_dir.iterdir())):
@@ -151,8 +155,10 @@ class Trainer:
                     "choose another --out"
                 )
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            prepare(c, self.data_dir, log=self.log)
-            shutil.copyfile(self.data_dir / "spm.model", self.run_dir / "spm.model")
+            if data_dir is None:
+                prepare(c, self.data_dir, log=self.log)
+            if (self.data_dir / "spm.model").is_file():
+                shutil.copyfile(self.data_dir / "spm.model", self.run_dir / "spm.model")
             text = yaml.safe_dump(config_to_dict(self.config), sort_keys=False)
             atomic_write(self.run_dir / "config.yaml", text.encode())
         if self.world > 1:
