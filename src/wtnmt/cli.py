@@ -77,6 +77,109 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_input(path: str | None):  # type: ignore[no-untyped-def]
+    """Lines of a file or of stdin, split on \\n only, strict UTF-8."""
+    from wtnmt.data.io import decode_lines, read_bytes
+
+    if path in (None, "-"):
+        return decode_lines(sys.stdin.buffer.read(), "<stdin>")
+    return decode_lines(read_bytes(path), path)
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    from wtnmt.decode.translator import Translator
+    from wtnmt.runtime import tune_cpu_allocator
+
+    tune_cpu_allocator()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    translator = Translator.load(args.run_dir, device=args.device)
+    lines = _read_input(args.input)
+    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    try:
+        for start in range(0, len(lines), args.chunk):  # stream: one chunk at a time
+            chunk = lines[start : start + args.chunk]
+            results = translator.translate_nbest(
+                chunk,
+                beam=args.beam,
+                nbest=args.nbest,
+                first_line=start + 1,
+                warn=lambda m: print(f"wtnmt translate: warning: {m}", file=sys.stderr),
+            )
+            for options in results:
+                if args.nbest == 1:
+                    out.write(options[0].text + "\n")
+                else:
+                    for t in options:
+                        out.write(f"{t.text}\t{t.score:.4f}\n")
+            out.flush()
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from wtnmt.decode.evaluate import paired_bootstrap, score_corpus
+    from wtnmt.decode.translator import Translator
+    from wtnmt.runtime import tune_cpu_allocator
+
+    tune_cpu_allocator()
+    translator = Translator.load(args.run_dir, device=args.device)
+    if args.corpus:
+        from wtnmt.data.prepare import raw_split
+
+        data = dataclasses.replace(
+            translator.config.data,
+            corpus=args.corpus,
+            train_src=None,
+            train_tgt=None,
+            train_tsv=None,
+        )
+        pairs = raw_split(data, args.split)
+        src, refs = [p[0] for p in pairs], [p[1] for p in pairs]
+        name = f"{args.corpus}.{args.split}"
+    else:
+        src, refs = _read_input(args.src), _read_input(args.ref)
+        if len(src) != len(refs):
+            raise ConfigError(f"--src has {len(src)} lines but --ref has {len(refs)}")
+        name = Path(args.src).stem
+    if args.branch_weights != "learned":
+        translator.set_branch_weights(args.branch_weights, seed=args.seed)
+        name += f".{args.branch_weights}"
+    beam = args.beam or translator.config.decode.beam
+    print(f"translating {len(src):,} sentences with beam {beam}", file=sys.stderr)
+    hyps = translator.translate(src, beam=args.beam)
+    scores = score_corpus(hyps, refs)
+    scores["branch_weights"] = args.branch_weights
+    out = Path(args.run_dir) / "eval"
+    out.mkdir(exist_ok=True)
+    (out / f"{name}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    if args.compare:
+        other = Translator.load(args.compare, device=args.device).translate(src, beam=args.beam)
+        scores["compare"] = {
+            "run": str(args.compare),
+            **paired_bootstrap(refs, hyps, other, samples=args.samples),
+        }
+    (out / f"{name}.scores.json").write_text(json.dumps(scores, indent=2))
+    (Path(args.run_dir) / "scores.json").write_text(json.dumps(scores, indent=2))
+    print(
+        f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['n_sentences']} "
+        f"sentences)\n{scores['signature']}\n{scores['chrf_signature']}"
+    )
+    if args.compare:
+        c = scores["compare"]
+        print(
+            f"vs {args.compare}: BLEU {c['bleu']:.2f} ± {c['ci95']:.2f} against "
+            f"{c['baseline_bleu']:.2f} ± {c['baseline_ci95']:.2f}, p = {c['p_value']:.4f} "
+            f"(paired bootstrap)"
+        )
+    print(f"hypotheses: {out / (name + '.hyp')}   scores: {Path(args.run_dir) / 'scores.json'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wtnmt", description="Weighted Transformer neural machine translation."
@@ -134,6 +237,53 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue the run in --out from its last complete checkpoint",
     )
     p.set_defaults(func=cmd_train)
+
+    p = commands.add_parser(
+        "translate",
+        help="translate text with a trained run",
+        description="Read raw text, one sentence per line (stdin or -i), write detokenised "
+        "translations in the same order, one per line (stdout or -o).",
+    )
+    p.add_argument("run_dir")
+    p.add_argument("-i", "--input", help="input file (default: stdin)")
+    p.add_argument("-o", "--output", help="output file (default: stdout)")
+    p.add_argument("--beam", type=int, help="beam size (default: the run's decode.beam)")
+    p.add_argument(
+        "--nbest", type=int, default=1, help="write the N best, as translation<TAB>score lines"
+    )
+    p.add_argument("--chunk", type=int, default=2000, help="lines translated per chunk")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int)
+    p.set_defaults(func=cmd_translate)
+
+    p = commands.add_parser(
+        "evaluate",
+        help="translate a test set and score it with sacreBLEU",
+        description="Translate a corpus split (--corpus NAME --split SPLIT) or --src/--ref "
+        "files, and score with sacreBLEU BLEU and chrF.",
+    )
+    p.add_argument("run_dir")
+    p.add_argument("--corpus", help="a named corpus, split as the run's data config splits it")
+    p.add_argument("--split", default="test", choices=["train", "valid", "test"])
+    p.add_argument("--src")
+    p.add_argument("--ref")
+    p.add_argument("--beam", type=int)
+    p.add_argument(
+        "--compare",
+        metavar="OTHER_RUN",
+        help="also translate with OTHER_RUN and test the difference (bootstrap)",
+    )
+    p.add_argument("--samples", type=int, default=1000, help="bootstrap samples")
+    p.add_argument(
+        "--branch-weights",
+        dest="branch_weights",
+        default="learned",
+        choices=["learned", "uniform", "random"],
+        help="evaluate with the learned κ, α or replaced ones (paper Table 3)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of --branch-weights random")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=cmd_evaluate)
     return parser
 
 
@@ -145,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "prepare" and (args.src is None) != (args.tgt is None):
         parser.error("--src and --tgt go together")
+    if args.command == "evaluate" and not args.corpus and not (args.src and args.ref):
+        parser.error("give --corpus NAME [--split SPLIT], or --src FILE and --ref FILE")
     try:
         return args.func(args)
     except (ConfigError, DataError, TrainingError, CheckpointError) as e:

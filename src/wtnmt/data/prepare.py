@@ -144,6 +144,48 @@ def _split_stats(
     }
 
 
+def make_splits(
+    config: DataConfig, raw: dict[str, list[Pair]], pivot: int | None
+) -> tuple[dict[str, list[Pair]], dict[str, Any]]:
+    """Raw pairs → train/valid/test, with the seeded split where the source has none.
+
+    Returns the splits and what happened before splitting (for the summary).
+    """
+    c = config
+    if pivot is None:
+        return raw, {}
+    corpus_level: dict[str, Any] = {"pairs_read": len(raw["train"])}
+    pairs = raw["train"]
+    dropped: Counter[str] = Counter()
+    if c.max_words is not None:
+        pairs, n = keep_short(pairs, c.max_words)
+        dropped["over_max_words"] = n
+    splits, split_drops = split_by_pivot(
+        pairs,
+        pivot=pivot,
+        seed=c.split_seed,
+        valid_size=c.valid_size,
+        test_size=c.test_size,
+        train_size=c.train_size,
+    )
+    dropped.update(split_drops)
+    corpus_level["dropped"] = dict(sorted(dropped.items()))
+    side = "source" if pivot == 0 else "target"
+    corpus_level["split"] = f"seeded (seed {c.split_seed}) by unique {side} sentence"
+    return splits, corpus_level
+
+
+def raw_split(config: DataConfig, split: str) -> list[Pair]:
+    """The pairs of one split exactly as ``prepare`` makes them, empty pairs dropped (what
+    `wtnmt evaluate --corpus` scores), without building a vocabulary."""
+    source = _source(config)
+    splits, _ = make_splits(config, source.read(), source.pivot)
+    if split not in splits:
+        raise DataError(f"no split {split!r}: the splits are {', '.join(SPLITS)}")
+    kept, _ = drop_empty_and_duplicates(splits[split], duplicates=False)
+    return kept
+
+
 def _build(
     config: DataConfig,
     raw: dict[str, list[Pair]],
@@ -152,26 +194,7 @@ def _build(
     log: Callable[[str], None],
 ) -> dict[str, Any]:
     c = config
-    corpus_level: dict[str, Any] = {}
-    if pivot is not None:
-        pairs = raw["train"]
-        corpus_level["pairs_read"] = len(pairs)
-        dropped_corpus: Counter[str] = Counter()
-        if c.max_words is not None:
-            pairs, n = keep_short(pairs, c.max_words)
-            dropped_corpus["over_max_words"] = n
-        raw, split_drops = split_by_pivot(
-            pairs,
-            pivot=pivot,
-            seed=c.split_seed,
-            valid_size=c.valid_size,
-            test_size=c.test_size,
-            train_size=c.train_size,
-        )
-        dropped_corpus.update(split_drops)
-        corpus_level["dropped"] = dict(sorted(dropped_corpus.items()))
-        side = "source" if pivot == 0 else "target"
-        corpus_level["split"] = f"seeded (seed {c.split_seed}) by unique {side} sentence"
+    raw, corpus_level = make_splits(config, raw, pivot)
     read = {split: len(raw[split]) for split in SPLITS}
     kept: dict[str, list[Pair]] = {}
     dropped: dict[str, Counter[str]] = {}
