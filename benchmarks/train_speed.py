@@ -35,8 +35,11 @@ def build_data(bench_dir: Path, out: Path) -> int:
     raw = out / "raw"
     if not (raw / "vocab.txt").is_file():
         raw.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, str(bench_dir / "make_synthetic.py"), str(raw)],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, str(bench_dir / "make_synthetic.py"), str(raw)],
+            check=True,
+            capture_output=True,
+        )
     from wtnmt.data.dataset import write_ids
 
     tokens = [line.split("\t")[0] for line in (raw / "vocab.txt").read_text().splitlines()]
@@ -47,8 +50,11 @@ def build_data(bench_dir: Path, out: Path) -> int:
     for ours, theirs in (("train", "train"), ("valid", "valid"), ("test", "test")):
         for side in ("src", "tgt"):
             lines = (raw / f"{theirs}.{side}").read_text().splitlines()
-            write_ids(prepared / f"{ours}.{side}", [[ids[t] for t in line.split()]
-                                                    for line in lines], vocab_size)
+            write_ids(
+                prepared / f"{ours}.{side}",
+                [[ids[t] for t in line.split()] for line in lines],
+                vocab_size,
+            )
     return vocab_size
 
 
@@ -61,9 +67,17 @@ def measure(flavour: str, precision: str, data: Path, vocab: int, seconds: float
 
     torch.set_num_threads(2)
     tune_cpu_allocator()  # as `wtnmt train` does
-    config = load_config(f"{flavour}-small", [
-        "train.max_tokens=8192", f"train.precision={precision}", "train.max_steps=1000000",
-        "train.max_time=null", "train.threads=2", "train.device=cpu"])
+    config = load_config(
+        f"{flavour}-small",
+        [
+            "train.max_tokens=8192",
+            f"train.precision={precision}",
+            "train.max_steps=1000000",
+            "train.max_time=null",
+            "train.threads=2",
+            "train.device=cpu",
+        ],
+    )
     with tempfile.TemporaryDirectory() as run:
         trainer = Trainer(config, run, log_to_stderr=False, data_dir=data, vocab_size=vocab)
         d = trainer.train_data
@@ -83,9 +97,13 @@ def measure(flavour: str, precision: str, data: Path, vocab: int, seconds: float
                 if time.perf_counter() - start >= seconds:
                     break
         elapsed = time.perf_counter() - start
-    return {"flavour": flavour, "precision": precision, "steps": step - 10,
-            "tgt_tok_per_s": tokens / elapsed,
-            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    return {
+        "flavour": flavour,
+        "precision": precision,
+        "steps": step - 10,
+        "tgt_tok_per_s": tokens / elapsed,
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    }
 
 
 def main() -> None:
@@ -101,22 +119,42 @@ def main() -> None:
         print(json.dumps(result))
         return
     results = {}
-    for flavour, precision in (("weighted", "fp32"), ("transformer", "fp32"),
-                               ("weighted", "bf16")):
-        out = subprocess.run([sys.executable, __file__, "--bench-dir", str(args.bench_dir),
-                              "--work", str(args.work), "--seconds", str(args.seconds),
-                              "--one", flavour, precision], check=True, capture_output=True,
-                             text=True)
+    for flavour, precision in (("weighted", "fp32"), ("transformer", "fp32"), ("weighted", "bf16")):
+        out = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--bench-dir",
+                str(args.bench_dir),
+                "--work",
+                str(args.work),
+                "--seconds",
+                str(args.seconds),
+                "--one",
+                flavour,
+                precision,
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         r = json.loads(out.stdout.strip().splitlines()[-1])
         results[(flavour, precision)] = r
-        print(f"{flavour:12s} {precision}: {r['tgt_tok_per_s']:8.0f} tgt tok/s over "
-              f"{r['steps']} steps, peak RSS {r['peak_rss_gib']:.2f} GiB", flush=True)
+        print(
+            f"{flavour:12s} {precision}: {r['tgt_tok_per_s']:8.0f} tgt tok/s over "
+            f"{r['steps']} steps, peak RSS {r['peak_rss_gib']:.2f} GiB",
+            flush=True,
+        )
     w, t = results[("weighted", "fp32")], results[("transformer", "fp32")]
-    print(f"weighted / transformer (fp32): {w['tgt_tok_per_s'] / t['tgt_tok_per_s']:.2f}x; "
-          f"fairseq's figure on this kind of machine: 2338 tgt tok/s")
-    print(f"train tgt tok/s weighted fp32: {w['tgt_tok_per_s']:.0f}  transformer fp32: "
-          f"{t['tgt_tok_per_s']:.0f}  weighted bf16: "
-          f"{results[('weighted', 'bf16')]['tgt_tok_per_s']:.0f}")
+    print(
+        f"weighted / transformer (fp32): {w['tgt_tok_per_s'] / t['tgt_tok_per_s']:.2f}x; "
+        f"fairseq's figure on this kind of machine: 2338 tgt tok/s"
+    )
+    print(
+        f"train tgt tok/s weighted fp32: {w['tgt_tok_per_s']:.0f}  transformer fp32: "
+        f"{t['tgt_tok_per_s']:.0f}  weighted bf16: "
+        f"{results[('weighted', 'bf16')]['tgt_tok_per_s']:.0f}"
+    )
 
 
 if __name__ == "__main__":

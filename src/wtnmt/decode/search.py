@@ -184,6 +184,12 @@ def beam_search(
                         )
                 elif len(live) < beam:
                     live.append((o, tok, score))
+            if not live and not finished[sent]:  # nothing may follow (e.g. min_len): end
+                best = float(scores[row, 0])  # the best live prefix as it is
+                toks = prefix[row * beam, 1:].tolist()
+                finished[sent].append(
+                    Hypothesis(toks, best / length_penalty(len(toks) + 1, alpha), best)
+                )
             if len(finished[sent]) >= beam or not live:
                 continue  # this sentence is done
             while len(live) < beam:  # too few live extensions: pad with dead ones

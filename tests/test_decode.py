@@ -1,0 +1,286 @@
+"""Search and the user-facing decoding commands."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import sentence, tiny_run_config
+from wtnmt import Translator
+from wtnmt.cli import main as cli
+from wtnmt.config import ModelConfig
+from wtnmt.decode import beam_search, greedy_search, length_penalty
+from wtnmt.model import build_model
+from wtnmt.special import EOS, PAD
+from wtnmt.train import Trainer
+
+# --------------------------------------------------------------------------------------------
+# A scripted model: next-token probabilities fixed by the prefix
+
+
+A, B = 4, 5
+SCRIPT = {  # prefix (after BOS) → {token: probability}
+    (): {A: 0.6, B: 0.3, EOS: 0.1},
+    (A,): {EOS: 0.5, B: 0.4, A: 0.1},
+    (B,): {EOS: 0.9, A: 0.05, B: 0.05},
+    (A, B): {EOS: 1.0},
+}
+OTHERWISE = {EOS: 0.7, A: 0.2, B: 0.1}
+
+
+@dataclass
+class _Positions:
+    max_positions: int = 64
+
+
+@dataclass
+class _Cache:
+    prefixes: list[tuple[int, ...]]
+    step: int = 0
+
+    def reorder(self, index):
+        return _Cache([self.prefixes[i] for i in index.tolist()], self.step)
+
+
+class ScriptedModel:
+    pad_id = PAD
+    positions = _Positions()
+    vocab = 6
+
+    def encode(self, src):
+        return src
+
+    def init_cache(self, enc):
+        return _Cache([() for _ in range(enc.size(0))])
+
+    def _logits(self, prefix):
+        probs = SCRIPT.get(prefix, OTHERWISE)
+        row = torch.full((self.vocab,), float("-inf"))
+        for token, p in probs.items():
+            row[token] = math.log(p)
+        return row
+
+    def decode_step(self, tokens, cache):
+        if cache.step > 0:
+            cache.prefixes = [(*p, int(t)) for p, t in zip(cache.prefixes, tokens, strict=True)]
+        cache.step += 1
+        return torch.stack([self._logits(p) for p in cache.prefixes])
+
+
+def lp(length, alpha=0.6):
+    return ((5 + length) / 6) ** alpha
+
+
+def test_beam_search_on_a_scripted_model_matches_the_hand_computation():
+    src = torch.tensor([[7, EOS]])
+    # beam 2. Step 0: A (log .6) and B (log .3) live; EOS (log .1) ranks 3rd of 4, beyond the
+    # beam, so it is not finished. Step 1: A·EOS (log .6·.5) and B·EOS (log .3·.9) rank 1st
+    # and 2nd: both finish, the sentence has 2 = beam finished hypotheses and stops, before
+    # A·B (log .6·.4), ranked 3rd, is explored.
+    hyps = beam_search(ScriptedModel(), src, beam=2, nbest=2, alpha=0.6)[0]
+    assert [h.tokens for h in hyps] == [[A], [B]]
+    assert hyps[0].log_prob == pytest.approx(math.log(0.6 * 0.5), abs=1e-6)
+    assert hyps[0].score == pytest.approx(math.log(0.6 * 0.5) / lp(2), abs=1e-6)
+    assert hyps[1].score == pytest.approx(math.log(0.3 * 0.9) / lp(2), abs=1e-6)
+
+
+def test_beam_three_finishes_the_empty_hypothesis_and_ranks_by_length_penalty():
+    src = torch.tensor([[7, EOS]])
+    # beam 3: at step 0 EOS ranks 3rd < 3, so "" finishes with log .1 (length 1); only two
+    # live hypotheses remain. Step 1: A·EOS and B·EOS finish: 3 finished, done.
+    hyps = beam_search(ScriptedModel(), src, beam=3, nbest=3, alpha=0.6)[0]
+    assert [h.tokens for h in hyps] == [[A], [B], []]
+    assert hyps[2].score == pytest.approx(math.log(0.1) / lp(1), abs=1e-6)
+    # a strong length penalty divides longer hypotheses by more: with α = 3 the ranking of
+    # A (len 2) over "" (len 1) still holds but the margin follows the formula
+    strong = beam_search(ScriptedModel(), src, beam=3, nbest=3, alpha=3.0)[0]
+    assert strong[0].score == pytest.approx(math.log(0.3) / lp(2, 3.0), abs=1e-6)
+
+
+def test_maximum_length_forces_the_end():
+    src = torch.tensor([[7, EOS]])
+    hyps = beam_search(ScriptedModel(), src, beam=2, nbest=2, max_len=1)[0]
+    assert all(len(h.tokens) <= 1 for h in hyps)
+    # beam 2 reaches length 3: A·B may only end, so A·A·A (then EOS at the limit) wins
+    forced = beam_search(ScriptedModel(), src, beam=2, min_len=3, max_len=3)[0][0]
+    assert forced.tokens == [A, A, A]
+    # beam 1 walks into A·B, after which nothing but the blocked EOS may follow: the search
+    # ends the prefix as it is rather than returning nothing
+    dead_end = beam_search(ScriptedModel(), src, beam=1, min_len=3, max_len=3)[0]
+    assert [h.tokens for h in dead_end] == [[A, B]]
+    assert greedy_search(ScriptedModel(), src)[0].tokens == [A]
+    assert length_penalty(1, 0.6) == 1.0
+
+
+# --------------------------------------------------------------------------------------------
+# Real (tiny, random) models
+
+
+def models():
+    for overrides in (
+        {"attention": "branched"},
+        {"attention": "multihead", "norm": "pre"},
+        {"attention": "branched", "decoder_self_attention": "weighted"},
+    ):
+        torch.manual_seed(1)
+        config = ModelConfig(
+            encoder_layers=2, decoder_layers=2, d_model=32, heads=4, d_ff=64, **overrides
+        )
+        yield build_model(config, vocab_size=24).eval()
+
+
+def source_batch():
+    g = torch.Generator().manual_seed(3)
+    src = torch.randint(4, 24, (6, 9), generator=g)
+    src[:, -1] = EOS
+    src[2, 4:] = PAD
+    src[4, 6:] = PAD
+    return src
+
+
+def test_beam_size_one_is_greedy():
+    for model in models():
+        src = source_batch()
+        greedy = greedy_search(model, src)
+        beam = beam_search(model, src, beam=1)
+        assert [h.tokens for h in greedy] == [b[0].tokens for b in beam]
+        for g, b in zip(greedy, beam, strict=True):
+            assert b[0].log_prob == pytest.approx(g.log_prob, abs=1e-4)
+
+
+def test_cached_decoding_gives_the_same_tokens_and_scores_as_recomputing():
+    for model in models():
+        src = source_batch()
+        with_cache = beam_search(model, src, beam=4, nbest=3)
+        without = beam_search(model, src, beam=4, nbest=3, use_cache=False)
+        for a, b in zip(with_cache, without, strict=True):
+            assert [h.tokens for h in a] == [h.tokens for h in b]
+            assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
+        greedy_a = greedy_search(model, src)
+        greedy_b = greedy_search(model, src, use_cache=False)
+        assert [h.tokens for h in greedy_a] == [h.tokens for h in greedy_b]
+
+
+def test_forced_length_for_benchmarks():
+    model = next(models())
+    hyps = beam_search(model, source_batch(), beam=5, min_len=24, max_len=24)
+    assert all(len(h[0].tokens) == 24 for h in hyps)
+
+
+# --------------------------------------------------------------------------------------------
+# The commands, on a briefly trained tiny run
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("decode")
+    config = tiny_run_config(tmp, train={"max_steps": 30, "valid_every": 30})
+    Trainer(config, tmp / "run", log_to_stderr=False).run()
+    return tmp / "run"
+
+
+def test_translate_keeps_order_and_line_count(run_dir, tmp_path, capsys):
+    lines = [sentence(1, 6), "", sentence(2, 2), " ".join(["alpha"] * 400), sentence(3, 4), ""]
+    (tmp_path / "in.txt").write_text("".join(line + "\n" for line in lines))
+    assert (
+        cli(
+            [
+                "translate",
+                str(run_dir),
+                "-i",
+                str(tmp_path / "in.txt"),
+                "-o",
+                str(tmp_path / "out.txt"),
+                "--beam",
+                "2",
+            ]
+        )
+        == 0
+    )
+    out = (tmp_path / "out.txt").read_text().split("\n")
+    assert out[-1] == "" and len(out) - 1 == len(lines)
+    assert out[1] == "" and out[5] == ""
+    err = capsys.readouterr().err
+    assert "line 4:" in err and "cut to the model's maximum" in err
+    translator = Translator.load(run_dir)
+    alone = [translator.translate([line], beam=2)[0] for line in lines]
+    assert out[:-1] == alone  # batching by length and restoring the order changes nothing
+
+
+def test_translate_reads_stdin_and_writes_nbest(run_dir):
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wtnmt.cli",
+            "translate",
+            str(run_dir),
+            "--beam",
+            "3",
+            "--nbest",
+            "2",
+        ],
+        input="alpha beta\ngamma\n",
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rows = done.stdout.splitlines()
+    assert len(rows) == 4 and all(len(r.split("\t")) == 2 for r in rows)
+
+
+def test_evaluate_reproduces_sacrebleu_on_the_same_files(run_dir, tmp_path):
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("".join(sentence(i, 3) + "\n" for i in range(30)))
+    ref.write_text("".join(sentence(i + 1, 3).upper() + "\n" for i in range(30)))
+    assert cli(["evaluate", str(run_dir), "--src", str(src), "--ref", str(ref), "--beam", "2"]) == 0
+    import json
+
+    scores = json.loads((run_dir / "scores.json").read_text())
+    hyp = run_dir / "eval" / "src.hyp"
+    theirs = subprocess.run(
+        [sys.executable, "-m", "sacrebleu", str(ref), "-i", str(hyp), "-b"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert scores["bleu"] == pytest.approx(float(theirs.stdout.strip()), abs=0.01)
+    assert set(scores) >= {"bleu", "chrf", "signature", "n_sentences"}
+    assert scores["n_sentences"] == 30
+
+
+def test_evaluate_with_replaced_branch_weights_and_compare(run_dir, tmp_path):
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("alpha beta\ngamma delta\n")
+    ref.write_text("AHPLA ATEB\nAMMAG ATLED\n")
+    assert (
+        cli(
+            [
+                "evaluate",
+                str(run_dir),
+                "--src",
+                str(src),
+                "--ref",
+                str(ref),
+                "--branch-weights",
+                "uniform",
+                "--compare",
+                str(run_dir),
+                "--samples",
+                "50",
+            ]
+        )
+        == 0
+    )
+    assert (run_dir / "eval" / "src.uniform.hyp").is_file()
+
+
+def test_loading_something_that_is_not_a_run_is_a_clear_error(tmp_path, capsys):
+    assert cli(["translate", str(tmp_path)]) == 2
+    assert "no config.yaml there" in capsys.readouterr().err
