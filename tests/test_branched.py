@@ -170,3 +170,25 @@ def test_internals_carry_the_weights_in_effect():
     # padded keys get no attention
     assert internals.probs[1, :, :, 4:].abs().max() == 0
     torch.testing.assert_close(internals.probs.sum(-1), torch.ones(3, M, 5, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("ffn", ["split", "shared"])
+def test_fused_weights_kept_for_decoding_follow_every_parameter_update(ffn):
+    module = make_branched(ffn, "simplex")
+    x, memory, key_pad = inputs()
+    with torch.no_grad():
+        first = module(x, memory, key_pad=key_pad).out
+        assert torch.equal(module(x, memory, key_pad=key_pad).out, first)
+        module.w1.mul_(2.0)  # in place, as an optimizer step
+        module.branch_weights.alpha.copy_(torch.tensor([0.7, 0.1, 0.1, 0.1]))
+        changed = module(x, memory, key_pad=key_pad).out
+        expected = naive_branched(module, x, memory, key_pad)
+    assert not torch.allclose(changed, first)
+    torch.testing.assert_close(changed, expected, rtol=1e-9, atol=1e-12)
+    state = {k: v.clone() for k, v in module.state_dict().items()}
+    state["w_out"].mul_(0.5)
+    module.load_state_dict(state)
+    with torch.no_grad():
+        reloaded = module(x, memory, key_pad=key_pad).out
+        expected = naive_branched(module, x, memory, key_pad)
+    torch.testing.assert_close(reloaded, expected, rtol=1e-9, atol=1e-12)

@@ -44,7 +44,7 @@ class _Cache:
     prefixes: list[tuple[int, ...]]
     step: int = 0
 
-    def reorder(self, index):
+    def reorder(self, index, sentences=None):
         return _Cache([self.prefixes[i] for i in index.tolist()], self.step)
 
 
@@ -67,6 +67,9 @@ class ScriptedModel:
         return row
 
     def decode_step(self, tokens, cache):
+        if len(cache.prefixes) != len(tokens):  # G hypotheses per sentence, as the real cache
+            group = len(tokens) // len(cache.prefixes)
+            cache.prefixes = [p for p in cache.prefixes for _ in range(group)]
         if cache.step > 0:
             cache.prefixes = [(*p, int(t)) for p, t in zip(cache.prefixes, tokens, strict=True)]
         cache.step += 1

@@ -14,7 +14,7 @@ where EOS is forced); the search stops as soon as every sentence is done.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -43,24 +43,32 @@ def max_lengths(src: Tensor, *, a: float, b: int, pad_id: int, cap: int) -> Tens
 
 
 class _Stepper:
-    """Next-token log-probabilities, with the cache or by recomputing the prefix."""
+    """Next-token log-probabilities, with the cache or by recomputing the prefix.
 
-    def __init__(self, model, src: Tensor, use_cache: bool) -> None:  # type: ignore[no-untyped-def]
+    ``group`` hypotheses per source sentence (the beam). The cache keeps the source side once
+    per sentence; the recomputing reference expands it to every hypothesis.
+    """
+
+    def __init__(self, model, src: Tensor, use_cache: bool, group: int = 1) -> None:  # type: ignore[no-untyped-def]
         self.model, self.use_cache = model, use_cache
         self.enc = model.encode(src)
         self.cache = model.init_cache(self.enc) if use_cache else None
+        if not use_cache and group > 1:
+            self._select(torch.arange(src.size(0), device=src.device).repeat_interleave(group))
 
-    def reorder(self, index: Tensor) -> None:
+    def _select(self, rows: Tensor) -> None:
+        self.enc = replace(
+            self.enc,
+            memories=[m.index_select(0, rows) for m in self.enc.memories],
+            src_pad=self.enc.src_pad.index_select(0, rows),
+        )
+
+    def reorder(self, index: Tensor, sentences: Tensor | None) -> None:
+        """Keep hypotheses ``index``; ``sentences``: the source sentences still searched."""
         if self.cache is not None:
-            self.cache = self.cache.reorder(index)
+            self.cache = self.cache.reorder(index, sentences)
         else:
-            from dataclasses import replace
-
-            self.enc = replace(
-                self.enc,
-                memories=[m.index_select(0, index) for m in self.enc.memories],
-                src_pad=self.enc.src_pad.index_select(0, index),
-            )
+            self._select(index)
 
     def __call__(self, prefix: Tensor) -> Tensor:
         """prefix [N, t] (BOS first) → log-probabilities of the next token [N, V]."""
@@ -147,8 +155,7 @@ def beam_search(
         else max_lengths(src, a=max_len_a, b=max_len_b, pad_id=model.pad_id, cap=cap)
     )
     limit = limit.clamp(max=cap).tolist()
-    expand = torch.arange(b, device=device).repeat_interleave(beam)  # [B·K]
-    stepper = _Stepper(model, src.index_select(0, expand), use_cache)
+    stepper = _Stepper(model, src, use_cache, group=beam)
     prefix = torch.full((b * beam, 1), BOS, dtype=torch.long, device=device)
     scores = torch.full((b, beam), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start as one hypothesis
@@ -207,6 +214,8 @@ def beam_search(
             [prefix.index_select(0, index), torch.tensor(keep_token, device=device)[:, None]], dim=1
         )
         scores = torch.tensor(keep_score, device=device).view(len(still), beam)
-        stepper.reorder(index)
+        # the source side changes only when some sentences are done
+        sentences = None if len(still) == n else torch.tensor(keep_rows, device=device)
+        stepper.reorder(index, sentences)
         active = still
     return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]

@@ -30,22 +30,23 @@ class LayerCache:
     ``self_k``/``self_v``; ``cross_k``/``cross_v`` are computed once per source.
     """
 
-    cross_k: Tensor  # [H, B, S, Dk]
+    cross_k: Tensor  # [H, B, S, Dk]   one per *sentence*, shared by its hypotheses
     cross_v: Tensor  # [H, B, S, Dk]
-    self_k: Tensor | None = None  # [H, B, t, Dk]
+    self_k: Tensor | None = None  # [H, B·G, t, Dk]   one per hypothesis (G per sentence)
     self_v: Tensor | None = None
 
-    def reorder(self, index: Tensor) -> LayerCache:
-        """Select batch rows (beam search): index [B'] → a cache of batch B'."""
+    def reorder(self, index: Tensor, sentences: Tensor | None = None) -> LayerCache:
+        """Keep hypotheses ``index`` [N'] (beam search reorders and expands them) and, when
+        some sentences are done, sentences ``sentences`` [B'] of the source side."""
 
-        def pick(t: Tensor | None) -> Tensor | None:
-            return None if t is None else t.index_select(1, index)
+        def pick(t: Tensor | None, rows: Tensor | None) -> Tensor | None:
+            return None if t is None or rows is None else t.index_select(1, rows)
 
         return LayerCache(
-            cross_k=pick(self.cross_k),  # type: ignore[arg-type]
-            cross_v=pick(self.cross_v),  # type: ignore[arg-type]
-            self_k=pick(self.self_k),
-            self_v=pick(self.self_v),
+            cross_k=self.cross_k if sentences is None else pick(self.cross_k, sentences),  # type: ignore[arg-type]
+            cross_v=self.cross_v if sentences is None else pick(self.cross_v, sentences),  # type: ignore[arg-type]
+            self_k=pick(self.self_k, index),
+            self_v=pick(self.self_v, index),
         )
 
 
@@ -122,10 +123,15 @@ class HeadAttention(nn.Module):
     only in what it does with the heads afterwards.
     """
 
-    def __init__(self, *, d_model: int, heads: int, dropout: float, causal: bool) -> None:
+    def __init__(
+        self, *, d_model: int, heads: int, dropout: float, causal: bool, cross: bool = False
+    ) -> None:
         super().__init__()
         self.heads = heads
         self.causal = causal
+        # a cross-attention module reads the encoder side from the cache when decoding
+        # step-wise; otherwise a memory passed in is what makes attention cross-attention
+        self.cross = cross
         self.dropout = dropout
         self.proj = HeadProjection(d_model=d_model, heads=heads)
 
@@ -141,11 +147,13 @@ class HeadAttention(nn.Module):
         """x: [B, T, D]; memory: [B, S, D] for cross-attention, None for self-attention.
 
         With a cache, self-attention appends this step's keys and values to it and attends to
-        the whole prefix; cross-attention reads the keys and values computed once per source.
+        the whole prefix; cross-attention reads the keys and values computed once per source
+        sentence. When x holds G hypotheses per sentence (beam search), a sentence's G queries
+        attend to its one copy of the keys as G query positions: no copy per hypothesis.
         Returns heads [H, B, T, Dk] and, when asked, the internals.
         """
-        causal = self.causal
-        if memory is None:
+        causal, group = self.causal, 1
+        if memory is None and not (self.cross and cache is not None):
             q, k, v = self.proj.self_qkv(x)
             if cache is not None:
                 if cache.self_k is not None:
@@ -156,6 +164,9 @@ class HeadAttention(nn.Module):
                 causal = causal and q.size(2) > 1
         elif cache is not None:
             q, k, v = self.proj.queries(x), cache.cross_k, cache.cross_v
+            h, n, t, dk = q.shape
+            group = n // k.size(1)  # hypotheses per sentence
+            q = q.reshape(h, k.size(1), group * t, dk)  # [H, B, G·T, Dk]
         else:
             q = self.proj.queries(x)
             k, v = self.proj.keys_values(memory)
@@ -163,6 +174,8 @@ class HeadAttention(nn.Module):
         heads, probs = attend(
             q, k, v, key_pad=key_pad, causal=causal, dropout_p=p, need_probs=need_internals
         )
+        if group > 1:
+            heads = heads.reshape(heads.size(0), -1, heads.size(2) // group, heads.size(3))
         if not need_internals:
             return heads, None
         assert probs is not None
@@ -191,9 +204,13 @@ def init_out_projection(w_out: Tensor) -> None:
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1 … head_H)·W^O (eq. 2–3)."""
 
-    def __init__(self, *, d_model: int, heads: int, dropout: float, causal: bool) -> None:
+    def __init__(
+        self, *, d_model: int, heads: int, dropout: float, causal: bool, cross: bool = False
+    ) -> None:
         super().__init__()
-        self.attn = HeadAttention(d_model=d_model, heads=heads, dropout=dropout, causal=causal)
+        self.attn = HeadAttention(
+            d_model=d_model, heads=heads, dropout=dropout, causal=causal, cross=cross
+        )
         self.w_out = nn.Parameter(torch.empty(heads, d_model // heads, d_model))  # W^O split
         init_out_projection(self.w_out)
 

@@ -48,12 +48,15 @@ class BranchedAttention(nn.Module):
         init: InitMode,
         attention_dropout: float,
         activation_dropout: float,
+        cross: bool = False,
     ) -> None:
         super().__init__()
         m, dk = branches, d_model // branches
         self.ffn = ffn
         self.activation_dropout = activation_dropout
-        self.attn = HeadAttention(d_model=d_model, heads=m, dropout=attention_dropout, causal=False)
+        self.attn = HeadAttention(
+            d_model=d_model, heads=m, dropout=attention_dropout, causal=False, cross=cross
+        )
         self.w_out = nn.Parameter(torch.empty(m, dk, d_model))  # W^{O_i}: Dk × D, eq. 6
         init_out_projection(self.w_out)
         inner = d_ff // m if ffn == "split" else d_ff
@@ -69,6 +72,33 @@ class BranchedAttention(nn.Module):
         nn.init.uniform_(self.w1, -bound, bound)
         nn.init.uniform_(self.w2, -bound, bound)
         self.branch_weights = BranchWeights(branches=m, mode=weights, topk=topk, init=init)
+        self._fused_cache: tuple[tuple, tuple[Tensor, Tensor, Tensor]] | None = None
+
+    def _fused_weights(self, kappa: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """W_i = κ_i W^{O_i} W1_i, the output weights and bias the tail multiplies with.
+
+        split:  W [M, Dk, F/M], Stack_i(α_i W2_i) [F, D], Σ_i α_i b2_i [D]
+        shared: W [M, Dk, F],   W2 [F, D],               (Σ_i α_i) b2 [D]
+        Without gradients (decoding) the weights cannot change between calls, so the result
+        is kept until a parameter changes (each in-place update bumps its version counter):
+        step-wise decoding would otherwise rebuild it at every step.
+        """
+        key = None
+        if not torch.is_grad_enabled():
+            key = tuple((p.data_ptr(), p._version) for p in self.parameters())
+            if self._fused_cache is not None and self._fused_cache[0] == key:
+                return self._fused_cache[1]
+        if self.ffn == "split":
+            w = kappa[:, None, None] * torch.bmm(self.w_out, self.w1)  # [M, Dk, F/M]
+            # α_i scales the small W2_i [F/M, D] rather than the activation hid_i [BT, F/M]
+            w2 = (alpha[:, None, None] * self.w2).reshape(-1, self.w2.size(-1))  # [F, D]
+            b2 = alpha @ self.b2
+        else:
+            w = kappa[:, None, None] * torch.matmul(self.w_out, self.w1)  # [M, Dk, F]
+            w2, b2 = self.w2, alpha.sum() * self.b2
+        fused = (w, w2, b2)
+        self._fused_cache = None if key is None else (key, fused)
+        return fused
 
     def _dropout(self, hid: Tensor) -> Tensor:
         if self.activation_dropout == 0:
@@ -89,22 +119,19 @@ class BranchedAttention(nn.Module):
             x, memory, key_pad=key_pad, cache=cache, need_internals=need_internals
         )  # [M, B, T, Dk]
         kappa, alpha = self.branch_weights()  # [M] each
+        w, w2, b2 = self._fused_weights(kappa, alpha)
         m, b, t, dk = heads.shape
         flat = heads.reshape(m, b * t, dk)  # [M, BT, Dk]
         if self.ffn == "split":
-            w = kappa[:, None, None] * torch.bmm(self.w_out, self.w1)  # [M, Dk, F/M]
             hid = F.relu(torch.baddbmm(self.b1[:, None, :], flat, w))  # [M, BT, F/M]
             hid = self._dropout(hid)
             concat = hid.permute(1, 0, 2).reshape(b * t, -1)  # [BT, F] = Concat_i(hid_i)
-            # α_i scales the small W2_i [F/M, D] rather than the activation hid_i [BT, F/M]
-            w2 = (alpha[:, None, None] * self.w2).reshape(-1, self.w2.size(-1))  # [F, D]
-            out = torch.addmm(alpha @ self.b2, concat, w2)  # [BT, D]
+            out = torch.addmm(b2, concat, w2)  # [BT, D]
         else:
-            w = kappa[:, None, None] * torch.matmul(self.w_out, self.w1)  # [M, Dk, F]
             hid = F.relu(torch.baddbmm(self.b1, flat, w))  # [M, BT, F]
             hid = self._dropout(hid)
             weighted = torch.einsum("m,mnf->nf", alpha, hid)  # Σ_i α_i hid_i  [BT, F]
-            out = torch.addmm(alpha.sum() * self.b2, weighted, self.w2)  # [BT, D]
+            out = torch.addmm(b2, weighted, w2)  # [BT, D]
         if internals is not None:
             internals = replace(internals, kappa=kappa, alpha=alpha)
         return AttentionOutput(out=out.view(b, t, -1), internals=internals)

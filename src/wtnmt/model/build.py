@@ -21,15 +21,19 @@ def build_model(config: ModelConfig, *, vocab_size: int, pad_id: int = PAD) -> S
     c = config
     branched = c.attention == "branched"
 
-    def multihead(*, causal: bool) -> nn.Module:
+    def multihead(*, causal: bool = False, cross: bool = False) -> nn.Module:
         return MultiHeadAttention(
-            d_model=c.d_model, heads=c.heads, dropout=c.attention_dropout, causal=causal
+            d_model=c.d_model,
+            heads=c.heads,
+            dropout=c.attention_dropout,
+            causal=causal,
+            cross=cross,
         )
 
     def ffn() -> nn.Module:
         return FeedForward(d_model=c.d_model, d_ff=c.d_ff, activation_dropout=c.activation_dropout)
 
-    def branched_sublayer() -> nn.Module:
+    def branched_sublayer(*, cross: bool = False) -> nn.Module:
         return BranchedAttention(
             d_model=c.d_model,
             branches=c.branches,
@@ -40,6 +44,7 @@ def build_model(config: ModelConfig, *, vocab_size: int, pad_id: int = PAD) -> S
             init=c.branch_init,
             attention_dropout=c.attention_dropout,
             activation_dropout=c.activation_dropout,
+            cross=cross,
         )
 
     def decoder_self() -> nn.Module:
@@ -63,11 +68,13 @@ def build_model(config: ModelConfig, *, vocab_size: int, pad_id: int = PAD) -> S
         for _ in range(c.encoder_layers)
     ]
     decoder = [
-        DecoderLayer(self_attn=decoder_self(), cross_attn=branched_sublayer(), ffn=None, **common)
+        DecoderLayer(
+            self_attn=decoder_self(), cross_attn=branched_sublayer(cross=True), ffn=None, **common
+        )
         if branched
         else DecoderLayer(
             self_attn=multihead(causal=True),
-            cross_attn=multihead(causal=False),
+            cross_attn=multihead(cross=True),
             ffn=ffn(),
             **common,
         )

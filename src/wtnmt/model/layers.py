@@ -109,13 +109,14 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: Tensor,
-        memory: Tensor,
+        memory: Tensor | None,
         *,
         src_pad: Tensor | None,
         cache: LayerCache | None = None,
         need_internals: bool = False,
     ) -> tuple[Tensor, AttentionInternals | None, AttentionInternals | None]:
-        """x: [B, T, D] target states; memory: [B, S, D]. With a cache, T is one step.
+        """x: [B, T, D] target states; memory: [B, S, D] (None with a cache, which holds the
+        encoder side's keys and values). With a cache, T is one step.
 
         Decoder self-attention is causal and takes no key padding mask: targets are padded on
         the right, so a real position never sees a padded one through the causal mask.

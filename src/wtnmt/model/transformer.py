@@ -23,19 +23,26 @@ from wtnmt.model.transparent import TransparentCombination
 
 @dataclass
 class DecoderCache:
-    """Everything step-wise decoding carries from one step to the next."""
+    """Everything step-wise decoding carries from one step to the next.
+
+    Cross-attention keys and values are held once per source sentence; the decoder's own keys
+    and values once per hypothesis. A batch of N = B·G hypotheses (G per sentence, in order)
+    decodes against B sentences: beam search never copies the source side per hypothesis.
+    """
 
     layers: list[LayerCache]
-    memories: list[Tensor]  # N_dec × [B, S, D] (kept for reordering and inspection)
     src_pad: Tensor | None  # [B, S] True at padding; None when the batch has none
     step: int = 0  # tokens decoded so far = position of the next input token
 
-    def reorder(self, index: Tensor) -> DecoderCache:
-        """Keep batch rows ``index`` [B'] (beam search reorders and expands hypotheses)."""
+    def reorder(self, index: Tensor, sentences: Tensor | None = None) -> DecoderCache:
+        """Keep hypotheses ``index`` [N'] and, when given, source sentences ``sentences`` [B']
+        (beam search: hypotheses are reordered every step, sentences only when some are done)."""
+        src_pad = self.src_pad
+        if sentences is not None and src_pad is not None:
+            src_pad = src_pad.index_select(0, sentences)
         return DecoderCache(
-            layers=[layer.reorder(index) for layer in self.layers],
-            memories=[m.index_select(0, index) for m in self.memories],
-            src_pad=None if self.src_pad is None else self.src_pad.index_select(0, index),
+            layers=[layer.reorder(index, sentences) for layer in self.layers],
+            src_pad=src_pad,
             step=self.step,
         )
 
@@ -155,22 +162,21 @@ class Seq2Seq(nn.Module):
             k, v = layer.cross_attn.attn.proj.keys_values(memory)  # [H, B, S, Dk] each
             layers.append(LayerCache(cross_k=k, cross_v=v))
         src_pad = enc.src_pad if bool(enc.src_pad.any()) else None
-        return DecoderCache(layers=layers, memories=enc.memories, src_pad=src_pad)
+        return DecoderCache(layers=layers, src_pad=src_pad)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
-        """tokens [B]: the last token of each prefix → logits [B, V] of the next one.
+        """tokens [N]: the last token of each prefix → logits [N, V] of the next one.
 
+        N may be a multiple G of the cache's sentences (G hypotheses per sentence, in order).
         Appends this step's keys and values to ``cache`` and advances ``cache.step``.
         """
-        x = self.embed(tokens[:, None], offset=cache.step)  # [B, 1, D]
-        for layer, memory, layer_cache in zip(
-            self.decoder_layers, cache.memories, cache.layers, strict=True
-        ):
-            x, _, _ = layer(x, memory, src_pad=cache.src_pad, cache=layer_cache)
+        x = self.embed(tokens[:, None], offset=cache.step)  # [N, 1, D]
+        for layer, layer_cache in zip(self.decoder_layers, cache.layers, strict=True):
+            x, _, _ = layer(x, None, src_pad=cache.src_pad, cache=layer_cache)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         cache.step += 1
-        return self.embedding.logits(x[:, 0])  # [B, V]
+        return self.embedding.logits(x[:, 0])  # [N, V]
 
 
 def log_probs(logits: Tensor) -> Tensor:

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Decoding speed of the `small`-shaped Weighted Transformer, measured as
+../shared/bench/PEERS.md measured fairseq (beam 5: 1,276 output tokens/s), OpenNMT-py (968),
+JoeyNMT (175) and CTranslate2 (2,174 float32).
+
+    python benchmarks/decode_speed.py [--bench-dir ../shared/bench] [--limit 1000]
+
+The 1,000 test sentences of make_synthetic.py, in file order, batches of 32 sentences, output
+length forced to exactly 24 tokens (min = max = 24) so that every system does the same work,
+greedy and beam 5, with the key/value cache and without it (recomputing the prefix), 2
+threads. Random weights (seeded): with the length forced, the work does not depend on them.
+Model loading is excluded. The last line reads
+`beam5 out tok/s: S  greedy out tok/s: G  cache speed-up: Rx`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from train_speed import ROOT, build_data  # noqa: E402
+from wtnmt.config import load_config  # noqa: E402
+from wtnmt.data import ParallelData  # noqa: E402
+from wtnmt.decode import beam_search, greedy_search  # noqa: E402
+from wtnmt.model import build_model  # noqa: E402
+from wtnmt.runtime import tune_cpu_allocator  # noqa: E402
+from wtnmt.special import EOS, PAD  # noqa: E402
+
+LENGTH = 24
+
+
+def batches(data: ParallelData, limit: int, size: int) -> list[torch.Tensor]:
+    out = []
+    for start in range(0, min(limit, len(data)), size):
+        rows = [data.src[i].tolist() + [EOS] for i in range(start, min(start + size, limit))]
+        src = torch.full((len(rows), max(map(len, rows))), PAD, dtype=torch.long)
+        for r, ids in enumerate(rows):
+            src[r, : len(ids)] = torch.tensor(ids)
+        out.append(src)
+    return out
+
+
+def run(model, inputs, *, beam: int, use_cache: bool) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+    start, tokens = time.perf_counter(), 0
+    for src in inputs:
+        if beam == 1:
+            hyps = greedy_search(model, src, min_len=LENGTH, max_len=LENGTH, use_cache=use_cache)
+            tokens += sum(len(h.tokens) for h in hyps)
+        else:
+            hyps = beam_search(model, src, beam=beam, min_len=LENGTH, max_len=LENGTH,
+                               use_cache=use_cache)
+            tokens += sum(len(h[0].tokens) for h in hyps)
+    return time.perf_counter() - start, tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
+    parser.add_argument("--work", type=Path, default=ROOT / "bench-data")
+    parser.add_argument("--limit", type=int, default=1000, help="test sentences to decode")
+    parser.add_argument("--uncached-limit", type=int, default=320,
+                        help="sentences decoded without the cache (it is slow)")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    tune_cpu_allocator()
+    vocab = build_data(args.bench_dir, args.work)
+    data = ParallelData(args.work / "prepared", "test")
+    torch.manual_seed(0)
+    model = build_model(load_config("weighted-small").model, vocab_size=vocab).eval()
+    inputs = batches(data, args.limit, 32)
+    run(model, inputs[:1], beam=5, use_cache=True)  # warm-up
+    results = {}
+    for name, beam in (("greedy", 1), ("beam5", 5)):
+        seconds, tokens = run(model, inputs, beam=beam, use_cache=True)
+        assert tokens == LENGTH * min(args.limit, len(data)), tokens
+        results[name] = tokens / seconds
+        print(f"{name:7s} cached:   {tokens / seconds:8.0f} out tok/s "
+              f"({tokens / LENGTH / seconds:.1f} sent/s, {seconds:.1f} s)", flush=True)
+    few = inputs[: max(args.uncached_limit // 32, 1)]
+    cached_s, n = run(model, few, beam=5, use_cache=True)
+    uncached_s, _ = run(model, few, beam=5, use_cache=False)
+    speedup = uncached_s / cached_s
+    print(f"beam5   uncached: {n / uncached_s:8.0f} out tok/s on the first {n // LENGTH} "
+          f"sentences (cached on the same: {n / cached_s:.0f})")
+    print(f"beam5 out tok/s: {results['beam5']:.0f}  greedy out tok/s: {results['greedy']:.0f}  "
+          f"cache speed-up: {speedup:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
