@@ -7,13 +7,12 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint format bench clean
+.PHONY: setup test lint format demo bench clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --upgrade pip
 	$(BIN)/python -m pip install "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -e ".[dev]" "$(TORCH_SPEC)"
 	touch $(STAMP)
@@ -29,8 +28,18 @@ format: setup
 	$(BIN)/ruff format src tests benchmarks
 	$(BIN)/ruff check --fix src tests benchmarks
 
+# The main job: Tatoeba en→de, 10 minutes of training, evaluation. Named corpora are found
+# through WTNMT_DATA (../shared/data when it is beside the checkout), else downloaded.
+WTNMT_DATA ?= $(if $(wildcard ../shared/data/tatoeba-deu-eng),$(abspath ../shared/data),)
+MINUTES ?= 10
+
+demo: setup
+	WTNMT_DATA="$(WTNMT_DATA)" $(BIN)/wtnmt demo --minutes $(MINUTES)
+
 bench: setup
 	$(BIN)/python benchmarks/step_time.py
+	$(BIN)/python benchmarks/train_speed.py
+	$(BIN)/python benchmarks/decode_speed.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache

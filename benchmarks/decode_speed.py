@@ -24,13 +24,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from train_speed import ROOT, build_data  # noqa: E402
-from wtnmt.config import load_config  # noqa: E402
-from wtnmt.data import ParallelData  # noqa: E402
-from wtnmt.decode import beam_search, greedy_search  # noqa: E402
-from wtnmt.model import build_model  # noqa: E402
-from wtnmt.runtime import tune_cpu_allocator  # noqa: E402
-from wtnmt.special import EOS, PAD  # noqa: E402
+from train_speed import ROOT, build_data
+from wtnmt.config import load_config
+from wtnmt.data import ParallelData
+from wtnmt.decode import beam_search, greedy_search
+from wtnmt.model import build_model
+from wtnmt.runtime import tune_cpu_allocator
+from wtnmt.special import EOS, PAD
 
 LENGTH = 24
 
@@ -38,7 +38,7 @@ LENGTH = 24
 def batches(data: ParallelData, limit: int, size: int) -> list[torch.Tensor]:
     out = []
     for start in range(0, min(limit, len(data)), size):
-        rows = [data.src[i].tolist() + [EOS] for i in range(start, min(start + size, limit))]
+        rows = [[*data.src[i].tolist(), EOS] for i in range(start, min(start + size, limit))]
         src = torch.full((len(rows), max(map(len, rows))), PAD, dtype=torch.long)
         for r, ids in enumerate(rows):
             src[r, : len(ids)] = torch.tensor(ids)
@@ -53,8 +53,9 @@ def run(model, inputs, *, beam: int, use_cache: bool) -> tuple[float, int]:  # t
             hyps = greedy_search(model, src, min_len=LENGTH, max_len=LENGTH, use_cache=use_cache)
             tokens += sum(len(h.tokens) for h in hyps)
         else:
-            hyps = beam_search(model, src, beam=beam, min_len=LENGTH, max_len=LENGTH,
-                               use_cache=use_cache)
+            hyps = beam_search(
+                model, src, beam=beam, min_len=LENGTH, max_len=LENGTH, use_cache=use_cache
+            )
             tokens += sum(len(h[0].tokens) for h in hyps)
     return time.perf_counter() - start, tokens
 
@@ -64,8 +65,12 @@ def main() -> None:
     parser.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
     parser.add_argument("--work", type=Path, default=ROOT / "bench-data")
     parser.add_argument("--limit", type=int, default=1000, help="test sentences to decode")
-    parser.add_argument("--uncached-limit", type=int, default=320,
-                        help="sentences decoded without the cache (it is slow)")
+    parser.add_argument(
+        "--uncached-limit",
+        type=int,
+        default=320,
+        help="sentences decoded without the cache (it is slow)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(2)
     tune_cpu_allocator()
@@ -80,16 +85,23 @@ def main() -> None:
         seconds, tokens = run(model, inputs, beam=beam, use_cache=True)
         assert tokens == LENGTH * min(args.limit, len(data)), tokens
         results[name] = tokens / seconds
-        print(f"{name:7s} cached:   {tokens / seconds:8.0f} out tok/s "
-              f"({tokens / LENGTH / seconds:.1f} sent/s, {seconds:.1f} s)", flush=True)
+        print(
+            f"{name:7s} cached:   {tokens / seconds:8.0f} out tok/s "
+            f"({tokens / LENGTH / seconds:.1f} sent/s, {seconds:.1f} s)",
+            flush=True,
+        )
     few = inputs[: max(args.uncached_limit // 32, 1)]
     cached_s, n = run(model, few, beam=5, use_cache=True)
     uncached_s, _ = run(model, few, beam=5, use_cache=False)
     speedup = uncached_s / cached_s
-    print(f"beam5   uncached: {n / uncached_s:8.0f} out tok/s on the first {n // LENGTH} "
-          f"sentences (cached on the same: {n / cached_s:.0f})")
-    print(f"beam5 out tok/s: {results['beam5']:.0f}  greedy out tok/s: {results['greedy']:.0f}  "
-          f"cache speed-up: {speedup:.1f}x")
+    print(
+        f"beam5   uncached: {n / uncached_s:8.0f} out tok/s on the first {n // LENGTH} "
+        f"sentences (cached on the same: {n / cached_s:.0f})"
+    )
+    print(
+        f"beam5 out tok/s: {results['beam5']:.0f}  greedy out tok/s: {results['greedy']:.0f}  "
+        f"cache speed-up: {speedup:.1f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -19,7 +19,9 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -75,6 +77,28 @@ class Window:
     grad_norm: float = 0.0
     updates: int = 0
     start: float = field(default_factory=time.perf_counter)
+
+
+class _InterruptFlag:
+    """Turns the first Ctrl-C into a flag the loop reads between updates, so that the
+    checkpoint it saves is never taken halfway through an optimizer step; a second Ctrl-C
+    interrupts at once. Only in the main thread (where Python delivers signals)."""
+
+    def __init__(self) -> None:
+        self.raised = False
+        self.installed = threading.current_thread() is threading.main_thread()
+        if self.installed:
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame) -> None:  # type: ignore[no-untyped-def]
+        if self.raised:
+            raise KeyboardInterrupt
+        self.raised = True
+
+    def restore(self) -> None:
+        if self.installed:
+            signal.signal(signal.SIGINT, self.previous or signal.default_int_handler)
+            self.installed = False
 
 
 def resolve_device(name: str) -> torch.device:
@@ -391,7 +415,9 @@ class Trainer:
             f"{s.elapsed:.0f}s"
         )
         if progress is not None:
-            progress.set_postfix_str(f"loss {loss:.3f} | {entry['tokens_per_s']:.0f} tok/s")
+            progress.set_postfix_str(
+                f"step {s.step} | loss {loss:.3f} | {entry['tokens_per_s']:.0f} tok/s"
+            )
             with open(self.run_dir / "train.log", "a", encoding="utf-8") as f:
                 f.write(text + "\n")
         else:
@@ -425,7 +451,17 @@ class Trainer:
         if self.is_main and self.log_to_stderr and sys.stderr.isatty():
             from tqdm import tqdm
 
-            progress = tqdm(total=tc.max_steps, initial=s.step, unit="step", dynamic_ncols=True)
+            if tc.max_steps is None and tc.max_time is not None:  # a wall-clock budget:
+                # the bar counts seconds, so its estimate is the time left
+                progress = tqdm(
+                    total=round(tc.max_time),
+                    initial=round(s.elapsed),
+                    unit="s",
+                    dynamic_ncols=True,
+                    bar_format="{l_bar}{bar}| {n:.0f}/{total}s [{elapsed}<{remaining}{postfix}]",
+                )
+            else:
+                progress = tqdm(total=tc.max_steps, initial=s.step, unit="step", dynamic_ncols=True)
         self.log(
             f"training {sum(p.numel() for p in self.model.parameters()):,} parameters "
             f"on {self.device} ({self.world} process{'es' if self.world > 1 else ''}), "
@@ -433,6 +469,7 @@ class Trainer:
         )
         window, lr, lr_b = Window(), 0.0, 0.0
         reason = self._stop_reason()
+        interrupted = _InterruptFlag()  # Ctrl-C stops at the next update boundary
         try:
             while reason is None:
                 plan = plan_batches(
@@ -482,7 +519,7 @@ class Trainer:
                     window.grad_norm += gnorm
                     window.updates += 1
                     if progress is not None:
-                        progress.update(1)
+                        progress.update(time.perf_counter() - start if progress.unit == "s" else 1)
                     if s.step % tc.log_every == 0:
                         window = self._log_step(window, lr, lr_b, ratio, progress)
                     if s.step % tc.valid_every == 0:
@@ -490,6 +527,8 @@ class Trainer:
                     if s.step % save_every == 0:
                         self.save()
                     reason = self._stop_reason()
+                    if interrupted.raised:
+                        raise KeyboardInterrupt
                 if s.batch_in_epoch >= len(batches):
                     s.epoch += 1
                     s.batch_in_epoch = 0
@@ -503,6 +542,7 @@ class Trainer:
             )
             raise
         finally:
+            interrupted.restore()
             if progress is not None:
                 progress.close()
         s.finished = reason
