@@ -308,3 +308,57 @@ def test_a_tiny_weighted_model_overfits_twenty_pairs(tmp_path):
     outputs = [vocab.decode(h.tokens) for h in greedy_search(model, batch.src)]
     expected = [translate(vocab.decode(data.src[i].tolist())) for i in range(len(data))]
     assert outputs == expected
+
+
+def test_validation_reports_dev_bleu_and_can_keep_the_best_by_it(tmp_path):
+    config = tiny_run_config(
+        tmp_path, train={"max_steps": 6, "valid_every": 3, "best_metric": "bleu"}
+    )
+    Trainer(config, tmp_path / "run", **QUIET).run()
+    entries = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    validations = [e for e in entries if "valid_loss" in e]
+    assert len(validations) == 2
+    assert all(0.0 <= e["valid_bleu"] <= 100.0 for e in validations)
+    assert "BLEU" in (tmp_path / "run" / "train.log").read_text()
+
+
+def test_best_by_bleu_without_a_vocabulary_is_refused(tmp_path):
+    config = tiny_run_config(
+        tmp_path,
+        train={"max_steps": 2, "valid_every": 2, "best_metric": "bleu", "valid_bleu": False},
+    )
+    with pytest.raises(TrainingError, match="best_metric='bleu' needs dev BLEU"):
+        Trainer(config, tmp_path / "run", **QUIET).run()
+
+
+def test_tensorboard_events_when_tensorboard_is_installed(tmp_path, monkeypatch):
+    import importlib.util
+    import types
+
+    scalars = []
+
+    class FakeWriter:  # stands in for torch.utils.tensorboard.SummaryWriter
+        def __init__(self, log_dir):
+            self.log_dir = log_dir
+
+        def add_scalar(self, key, value, step):
+            scalars.append((key, value, step))
+
+        def flush(self):
+            pass
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: object() if name == "tensorboard" else real_find_spec(name, *a),
+    )
+    monkeypatch.setitem(
+        sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=FakeWriter)
+    )
+    config = tiny_run_config(tmp_path, train={"max_steps": 4, "log_every": 2, "valid_every": 4})
+    Trainer(config, tmp_path / "run", **QUIET).run()
+    keys = {k for k, _, _ in scalars}
+    assert {"loss", "lr", "tokens_per_s", "valid_loss"} <= keys
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert ("loss", logged[0]["loss"], 2) in scalars  # the same values as metrics.jsonl

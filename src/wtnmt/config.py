@@ -196,6 +196,7 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     patience: int | None = None
     best_metric: Literal["loss", "bleu"] = "loss"
+    valid_bleu: bool = True  # BLEU of greedy decoding of the dev set at each validation
     threads: int | None = None
     disagreement: DisagreementConfig = field(default_factory=DisagreementConfig)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import resource
+import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -117,8 +119,16 @@ def run_demo(
         f"peak memory {peak:.2f} GiB"
     )
     say(f"results: {out / 'results.json'}")
-    say(f"translate with:\n  echo 'How are you?' | wtnmt translate {out}")
+    say(f"translate with:\n  echo 'How are you?' | {_command()} translate {out}")
     return results
+
+
+def _command() -> str:
+    """How the user can run `wtnmt` from here: by name when it is on PATH, else by path."""
+    if shutil.which("wtnmt"):
+        return "wtnmt"
+    script = Path(sys.executable).parent / "wtnmt"
+    return str(script) if script.is_file() else f"{sys.executable} -m wtnmt.cli"
 
 
 def main_demo(args) -> int:  # type: ignore[no-untyped-def]

@@ -15,6 +15,7 @@ The run directory::
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -137,8 +138,12 @@ class Trainer:
         if self.tc.threads:
             torch.set_num_threads(self.tc.threads)
         self._prepare_run_dir(resume, data_dir)
+        spm = self.data_dir / "spm.model"
+        self.vocab = Vocabulary(spm) if spm.is_file() else None
         if vocab_size is None:
-            vocab_size = len(Vocabulary(self.data_dir / "spm.model"))
+            if self.vocab is None:
+                raise TrainingError(f"{self.data_dir}: no spm.model: prepare the data first")
+            vocab_size = len(self.vocab)
         self.train_data = ParallelData(self.data_dir, "train")
         self.valid_data = ParallelData(self.data_dir, "valid")
         torch.manual_seed(self.tc.seed)
@@ -158,6 +163,11 @@ class Trainer:
             self.ddp = nn.parallel.DistributedDataParallel(self.model)
         self.scaler = torch.amp.GradScaler(enabled=self.tc.precision == "fp16")
         self.state = TrainState()
+        self.tensorboard = None  # TensorBoard events, when tensorboard is installed
+        if self.is_main and importlib.util.find_spec("tensorboard") is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tensorboard = SummaryWriter(str(self.run_dir / "tensorboard"))
         torch.manual_seed(self.tc.seed + self.rank)  # dropout differs across ranks
         if resume:
             self._resume()
@@ -202,6 +212,11 @@ class Trainer:
         if self.is_main:
             with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
                 f.write(json.dumps(entry) + "\n")
+            if self.tensorboard is not None:
+                for key, value in entry.items():
+                    if key != "step" and isinstance(value, (int, float)):
+                        self.tensorboard.add_scalar(key, value, entry["step"])
+                self.tensorboard.flush()
 
     def save(self) -> None:
         if self.is_main:
@@ -337,6 +352,9 @@ class Trainer:
         )
         loss_sum = nll_sum = 0.0
         tokens = 0
+        refs = self._valid_references()  # BLEU by greedy decoding of the dev set
+        want_bleu = refs is not None
+        hyps = [""] * len(self.valid_data)
         for indices in plan.batches:
             b = self.valid_data.collate(indices)
             real = b.tgt_out.ne(PAD).to(self.device)
@@ -349,13 +367,38 @@ class Trainer:
             )
             loss_sum, nll_sum = loss_sum + float(loss.sum()), nll_sum + float(nll.sum())
             tokens += b.target_tokens
+            if want_bleu:
+                for i, hyp in zip(indices, self._greedy(b), strict=True):
+                    hyps[int(i)] = hyp
         self.model.train()
         nll = nll_sum / max(tokens, 1)
-        return {
+        scores = {
             "valid_loss": loss_sum / max(tokens, 1),
             "valid_nll": nll,
             "valid_ppl": math.exp(min(nll, 50)),
         }
+        if want_bleu:
+            from wtnmt.decode.evaluate import score_corpus
+
+            scores["valid_bleu"] = score_corpus(hyps, refs)["bleu"]
+        return scores
+
+    def _greedy(self, batch: Batch) -> list[str]:
+        from wtnmt.decode.search import greedy_search
+
+        d = self.config.decode
+        hyps = greedy_search(
+            self.model, batch.src.to(self.device), max_len_a=d.max_len_a, max_len_b=d.max_len_b
+        )
+        return [self.vocab.decode(h.tokens) for h in hyps]
+
+    def _valid_references(self) -> list[str] | None:
+        """The dev set's raw target text, when the data has a vocabulary to detokenise with."""
+        refs = self.data_dir / f"valid.{self.config.data.tgt_lang}"
+        if not self.tc.valid_bleu or self.vocab is None or not refs.is_file():
+            return None
+        lines = refs.read_text(encoding="utf-8").splitlines()
+        return lines if len(lines) == len(self.valid_data) else None
 
     # ---------------------------------------------------------------------------------------
     # The loop
@@ -426,7 +469,13 @@ class Trainer:
 
     def _validate_and_keep_best(self) -> None:
         scores = self.validate()
-        metric = scores["valid_loss"]
+        if self.tc.best_metric == "bleu" and "valid_bleu" not in scores:
+            raise TrainingError(
+                "train.best_metric='bleu' needs dev BLEU: set "
+                "train.valid_bleu=true and train on data with a vocabulary"
+            )
+        # the best is the lowest: loss as it is, BLEU negated
+        metric = -scores["valid_bleu"] if self.tc.best_metric == "bleu" else scores["valid_loss"]
         s = self.state
         improved = s.best is None or metric < s.best
         if improved:
@@ -438,9 +487,10 @@ class Trainer:
         self.record(
             {"step": s.step, **{k: round(v, 4) for k, v in scores.items()}, "best": improved}
         )
+        bleu = f" | BLEU {scores['valid_bleu']:.2f}" if "valid_bleu" in scores else ""
         self.log(
             f"validation at step {s.step}: loss {scores['valid_loss']:.3f} | ppl "
-            f"{scores['valid_ppl']:.2f}{' (best)' if improved else ''}"
+            f"{scores['valid_ppl']:.2f}{bleu}{' (best)' if improved else ''}"
         )
 
     def run(self) -> TrainState:
