@@ -255,6 +255,32 @@ _MULTI30K_SHA = {
 }
 _WMT = "http://statmt.org/{}"
 
+
+def _wmt14(other: str, language: str, extra: tuple[tuple[str, str, str], ...] = ()) -> Corpus:
+    """WMT14 English-{other}: Europarl v7, Common Crawl and News Commentary v9 (+ ``extra``:
+    archive, statmt.org folder, member pattern), newstest2013 as dev, newstest2014 as test."""
+    train = (
+        ("training-parallel-europarl-v7.tgz", "wmt13", f"training/europarl-v7.{other}-en.{{lang}}"),
+        ("training-parallel-commoncrawl.tgz", "wmt13", f"commoncrawl.{other}-en.{{lang}}"),
+        (
+            "training-parallel-nc-v9.tgz",
+            "wmt14",
+            f"training/news-commentary-v9.{other}-en.{{lang}}",
+        ),
+        *extra,
+    )
+    archives = [(name, folder) for name, folder, _ in train]
+    archives += [("dev.tgz", "wmt14"), ("test-full.tgz", "wmt14")]
+    return Corpus(
+        name=f"wmt14-en-{other}",
+        directory=f"wmt14-en-{other}",
+        files=tuple(RemoteFile(name, _WMT.format(f"{folder}/{name}")) for name, folder in archives),
+        languages=("en", other),
+        attribution=f"WMT14 English-{language} (statmt.org/wmt14); see each corpus's terms.",
+        read=_wmt14_reader(other, tuple((name, member) for name, _, member in train)),
+    )
+
+
 CORPORA: dict[str, Corpus] = {
     "tatoeba-deu-eng": Corpus(
         name="tatoeba-deu-eng",
@@ -283,56 +309,13 @@ CORPORA: dict[str, Corpus] = {
         ),
         read=_read_multi30k,
     ),
-    "wmt14-en-de": Corpus(
-        name="wmt14-en-de",
-        directory="wmt14-en-de",
-        files=tuple(
-            RemoteFile(n, _WMT.format(u))
-            for n, u in [
-                ("training-parallel-europarl-v7.tgz", "wmt13/training-parallel-europarl-v7.tgz"),
-                ("training-parallel-commoncrawl.tgz", "wmt13/training-parallel-commoncrawl.tgz"),
-                ("training-parallel-nc-v9.tgz", "wmt14/training-parallel-nc-v9.tgz"),
-                ("dev.tgz", "wmt14/dev.tgz"),
-                ("test-full.tgz", "wmt14/test-full.tgz"),
-            ]
-        ),
-        languages=("en", "de"),
-        attribution="WMT14 English-German (statmt.org/wmt14); see each corpus's terms.",
-        read=_wmt14_reader(
-            "de",
-            (
-                ("training-parallel-europarl-v7.tgz", "training/europarl-v7.de-en.{lang}"),
-                ("training-parallel-commoncrawl.tgz", "commoncrawl.de-en.{lang}"),
-                ("training-parallel-nc-v9.tgz", "training/news-commentary-v9.de-en.{lang}"),
-            ),
-        ),
-    ),
-    "wmt14-en-fr": Corpus(
-        name="wmt14-en-fr",
-        directory="wmt14-en-fr",
-        files=tuple(
-            RemoteFile(n, _WMT.format(u))
-            for n, u in [
-                ("training-parallel-europarl-v7.tgz", "wmt13/training-parallel-europarl-v7.tgz"),
-                ("training-parallel-commoncrawl.tgz", "wmt13/training-parallel-commoncrawl.tgz"),
-                ("training-parallel-un.tgz", "wmt13/training-parallel-un.tgz"),
-                ("training-parallel-nc-v9.tgz", "wmt14/training-parallel-nc-v9.tgz"),
-                ("training-giga-fren.tar", "wmt10/training-giga-fren.tar"),
-                ("dev.tgz", "wmt14/dev.tgz"),
-                ("test-full.tgz", "wmt14/test-full.tgz"),
-            ]
-        ),
-        languages=("en", "fr"),
-        attribution="WMT14 English-French (statmt.org/wmt14); see each corpus's terms.",
-        read=_wmt14_reader(
-            "fr",
-            (
-                ("training-parallel-europarl-v7.tgz", "training/europarl-v7.fr-en.{lang}"),
-                ("training-parallel-commoncrawl.tgz", "commoncrawl.fr-en.{lang}"),
-                ("training-parallel-un.tgz", "un/undoc.2000.fr-en.{lang}"),
-                ("training-parallel-nc-v9.tgz", "training/news-commentary-v9.fr-en.{lang}"),
-                ("training-giga-fren.tar", "giga-fren.release2.fixed.{lang}.gz"),
-            ),
+    "wmt14-en-de": _wmt14("de", "German"),
+    "wmt14-en-fr": _wmt14(
+        "fr",
+        "French",
+        extra=(  # the two large corpora of the English-French task
+            ("training-parallel-un.tgz", "wmt13", "un/undoc.2000.fr-en.{lang}"),
+            ("training-giga-fren.tar", "wmt10", "giga-fren.release2.fixed.{lang}.gz"),
         ),
     ),
 }

@@ -14,7 +14,7 @@ from wtnmt.model.outputs import (
     ModelOutput,
 )
 from wtnmt.model.simplex import project_branch_weights, project_simplex
-from wtnmt.model.transformer import DecoderCache, Seq2Seq, count_parameters, log_probs
+from wtnmt.model.transformer import DecoderCache, Seq2Seq, count_parameters
 
 __all__ = [
     "AttentionInternals",
@@ -28,7 +28,6 @@ __all__ = [
     "branch_weight_table",
     "build_model",
     "count_parameters",
-    "log_probs",
     "override_branch_weights",
     "project_branch_weights",
     "project_simplex",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from wtnmt.model.attention import LayerCache
@@ -179,14 +178,9 @@ class Seq2Seq(nn.Module):
         return self.embedding.logits(x[:, 0])  # [N, V]
 
 
-def log_probs(logits: Tensor) -> Tensor:
-    """Log-softmax in float32, whatever the compute dtype."""
-    return F.log_softmax(logits.float(), dim=-1)
-
-
 def count_parameters(model: nn.Module) -> int:
     """Trainable parameters, each shared tensor counted once."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-__all__ = ["DecoderCache", "Seq2Seq", "count_parameters", "log_probs"]
+__all__ = ["DecoderCache", "Seq2Seq", "count_parameters"]
