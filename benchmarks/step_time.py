@@ -30,6 +30,7 @@ from wtnmt.model import build_model
 from wtnmt.model.branched import BranchedAttention
 from wtnmt.runtime import tune_cpu_allocator
 from wtnmt.special import BOS, EOS, PAD
+from wtnmt.train.trainer import make_adam
 
 
 def make_batch(n: int, lo: int, hi: int, vocab: int, seed: int):
@@ -61,7 +62,10 @@ def unfuse(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def step_fn(model, src, tgt_in, tgt_out):
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    # the optimizer `wtnmt train` uses (fused Adam where available)
+    optimizer = make_adam([{"params": list(model.parameters())}], betas=(0.9, 0.98), eps=1e-9)
+    for group in optimizer.param_groups:
+        group["lr"] = 1e-4
 
     real = tgt_out.ne(PAD)  # [B, T]
     target = tgt_out[real]  # [N]

@@ -46,6 +46,16 @@ def naive_heads(
     return heads
 
 
+def branch_ffn(module: BranchedAttention, i: int, x: Tensor) -> Tensor:
+    """FFN_i(x) = ReLU(x W1_i + b1_i) W2_i + b2_i (eq. 4): branch i's own FFN under
+    ``branch_ffn: split``, the one shared FFN under ``shared``."""
+    if module.ffn == "split":
+        w1, b1, w2, b2 = module.w1[i], module.b1[i], module.w2[i], module.b2[i]
+    else:
+        w1, b1, w2, b2 = module.w1, module.b1, module.w2, module.b2
+    return F.relu(x @ w1 + b1) @ w2 + b2
+
+
 def naive_branched(
     module: BranchedAttention,
     x: Tensor,
@@ -61,12 +71,7 @@ def naive_branched(
     out = 0.0
     for i, head in enumerate(naive_heads(module, x, memory, key_pad, causal=False)):
         hbar = kappa[i] * (head @ module.w_out[i])  # [B, T, D]  eq. 6
-        if module.ffn == "split":
-            w1, b1, w2, b2 = module.w1[i], module.b1[i], module.w2[i], module.b2[i]
-        else:
-            w1, b1, w2, b2 = module.w1, module.b1, module.w2, module.b2
-        ffn = F.relu(hbar @ w1 + b1) @ w2 + b2  # eq. 4
-        out = out + alpha[i] * ffn  # eq. 7
+        out = out + alpha[i] * branch_ffn(module, i, hbar)  # eq. 7
     return out  # type: ignore[return-value]
 
 
@@ -91,9 +96,5 @@ class UnfusedBranchedAttention(BranchedAttention):
         out = 0.0
         for i in range(heads.size(0)):
             hbar = kappa[i] * (heads[i] @ self.w_out[i])  # [B, T, D]
-            if self.ffn == "split":
-                w1, b1, w2, b2 = self.w1[i], self.b1[i], self.w2[i], self.b2[i]
-            else:
-                w1, b1, w2, b2 = self.w1, self.b1, self.w2, self.b2
-            out = out + alpha[i] * (F.relu(hbar @ w1 + b1) @ w2 + b2)
+            out = out + alpha[i] * branch_ffn(self, i, hbar)
         return AttentionOutput(out=out)  # type: ignore[arg-type]

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from reference import naive_branched, naive_weighted
+from reference import branch_ffn, naive_branched, naive_weighted
 from wtnmt.model.attention import MultiHeadAttention
 from wtnmt.model.branched import BranchedAttention, WeightedAttention
 
@@ -138,13 +137,8 @@ def test_unit_weights_recover_multihead_attention_with_one_ffn_per_head(ffn):
     x, memory, key_pad = inputs()
     heads = mha(x, memory, key_pad=key_pad, need_internals=True).internals.heads  # [B,H,T,Dk]
     expected = 0.0
-    for i in range(M):
-        w1, b1, w2, b2 = (
-            (module.w1[i], module.b1[i], module.w2[i], module.b2[i])
-            if ffn == "split"
-            else (module.w1, module.b1, module.w2, module.b2)
-        )
-        expected = expected + F.relu(heads[:, i] @ module.w_out[i] @ w1 + b1) @ w2 + b2
+    for i in range(M):  # the multi-head heads, each through its own FFN, summed
+        expected = expected + branch_ffn(module, i, heads[:, i] @ module.w_out[i])
     torch.testing.assert_close(
         module(x, memory, key_pad=key_pad).out, expected, rtol=1e-10, atol=1e-10
     )
