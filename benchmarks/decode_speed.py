@@ -36,9 +36,13 @@ LENGTH = 24
 
 
 def batches(data: ParallelData, limit: int, size: int) -> list[torch.Tensor]:
+    """The first ``limit`` test sentences sorted by length, in batches of ``size``, as
+    fairseq's generate and `wtnmt translate` batch them."""
+    n = min(limit, len(data))
+    order = sorted(range(n), key=lambda i: len(data.src[i]))
     out = []
-    for start in range(0, min(limit, len(data)), size):
-        rows = [[*data.src[i].tolist(), EOS] for i in range(start, min(start + size, limit))]
+    for start in range(0, n, size):
+        rows = [[*data.src[i].tolist(), EOS] for i in order[start : start + size]]
         src = torch.full((len(rows), max(map(len, rows))), PAD, dtype=torch.long)
         for r, ids in enumerate(rows):
             src[r, : len(ids)] = torch.tensor(ids)

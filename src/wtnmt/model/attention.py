@@ -70,11 +70,11 @@ def attend(
     before dropout. Without probabilities it runs PyTorch's fused kernel
     (scaled_dot_product_attention), except on the short query blocks of step-wise decoding.
     """
-    mask = None if key_pad is None else ~key_pad[None, :, None, :]  # [1, B, 1, S] True=attend
     # The fused kernel pays a fixed cost per call that decoding's short query blocks (one new
     # token per hypothesis) do not recover: there two matmuls and a softmax measured 2× faster.
     fused = q.size(-2) > _SHORT_QUERIES or dropout_p > 0
     if not need_probs and fused:
+        mask = None if key_pad is None else ~key_pad[None, :, None, :]  # [1,B,1,S] True=attend
         if causal and mask is not None:  # pragma: no cover - the model never asks for both
             raise ValueError("attend: causal attention with a key padding mask is not supported")
         heads = F.scaled_dot_product_attention(
@@ -82,8 +82,8 @@ def attend(
         )
         return heads, None
     scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.size(-1))  # [H, B, T, S]
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
+    if key_pad is not None:
+        scores = scores.masked_fill(key_pad[None, :, None, :], float("-inf"))
     if causal:
         t, s = scores.shape[-2:]
         future = torch.ones(t, s, dtype=torch.bool, device=q.device).triu(s - t + 1)

@@ -159,7 +159,9 @@ class Seq2Seq(nn.Module):
         layers = []
         for layer, memory in zip(self.decoder_layers, enc.memories, strict=True):
             k, v = layer.cross_attn.attn.proj.keys_values(memory)  # [H, B, S, Dk] each
-            layers.append(LayerCache(cross_k=k, cross_v=v))
+            # contiguous, so that every step's QKᵀ and PV are plain batched matmuls: the
+            # projection's head-split views would be copied by matmul at every step
+            layers.append(LayerCache(cross_k=k.contiguous(), cross_v=v.contiguous()))
         src_pad = enc.src_pad if bool(enc.src_pad.any()) else None
         return DecoderCache(layers=layers, src_pad=src_pad)
 
