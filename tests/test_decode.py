@@ -10,12 +10,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from helpers import sentence, tiny_run_config
 from wtnmt import Translator
 from wtnmt.cli import main as cli
 from wtnmt.config import ModelConfig
 from wtnmt.decode import beam_search, greedy_search, length_penalty
+from wtnmt.decode import search as search_module
+from wtnmt.decode.search import top_extensions
 from wtnmt.model import build_model
 from wtnmt.special import EOS, PAD
 from wtnmt.train import Trainer
@@ -119,6 +123,48 @@ def test_maximum_length_forces_the_end():
     assert [h.tokens for h in dead_end] == [[A, B]]
     assert greedy_search(ScriptedModel(), src)[0].tokens == [A]
     assert length_penalty(1, 0.6) == 1.0
+
+
+# --------------------------------------------------------------------------------------------
+# The two-stage top-k against torch.topk
+
+
+def plain_top_extensions(lprobs, scores, k):
+    n, g, v = lprobs.shape
+    top, flat = (scores[:, :, None] + lprobs).view(n, -1).topk(min(k, g * v), dim=1)
+    return top, flat // v, flat % v
+
+
+@given(
+    n=st.integers(1, 3),
+    g=st.integers(1, 5),
+    v=st.sampled_from([6, 512, 513, 700, 1024, 8000]),
+    k=st.integers(1, 12),
+    dead=st.floats(0.0, 0.999),
+    seed=st.integers(0, 2**16),
+)
+def test_block_top_k_is_top_k(n, g, v, k, dead, seed):
+    gen = torch.Generator().manual_seed(seed)
+    lprobs = torch.randn(n, g, v, generator=gen).log_softmax(-1)  # continuous: no ties
+    lprobs[torch.rand(n, g, v, generator=gen) < dead] = float("-inf")  # ruled-out tokens
+    scores = torch.randn(n, g, generator=gen) * 3
+    scores[:, 1:][torch.rand(n, g - 1, generator=gen) < 0.3] = float("-inf")  # dead beams
+    got, want = top_extensions(lprobs, scores, k), plain_top_extensions(lprobs, scores, k)
+    assert torch.equal(got[0], want[0])  # the same values, best first
+    finite = want[0].isfinite()  # among -inf extensions any is as good as another
+    for a, b in zip(got[1:], want[1:], strict=True):
+        assert torch.equal(a[finite], b[finite])
+
+
+def test_search_with_the_block_top_k_equals_search_with_topk(monkeypatch):
+    torch.manual_seed(2)
+    config = ModelConfig(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, d_ff=64)
+    model = build_model(config, vocab_size=1000).eval()  # wide enough for the block path
+    src = source_batch()
+    fast = beam_search(model, src, beam=5, nbest=5), greedy_search(model, src)
+    monkeypatch.setattr(search_module, "top_extensions", plain_top_extensions)
+    plain = beam_search(model, src, beam=5, nbest=5), greedy_search(model, src)
+    assert fast == plain
 
 
 # --------------------------------------------------------------------------------------------

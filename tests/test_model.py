@@ -301,3 +301,23 @@ def test_logits_mask_selects_positions_of_the_full_logits():
     selected = model(src, tgt, logits_mask=real).logits
     assert selected.shape == (int(real.sum()), V)
     torch.testing.assert_close(selected, full[real], rtol=1e-12, atol=1e-12)
+
+
+def test_packed_output_projection_is_the_plain_one_and_follows_updates():
+    import copy
+
+    from wtnmt.model.packed import PackedLinear, onednn_available
+
+    torch.manual_seed(0)
+    weight, bias, x = torch.randn(700, 32), torch.randn(700), torch.randn(2, 5, 32)
+    packed = PackedLinear()
+    with torch.no_grad():
+        torch.testing.assert_close(packed(x, weight, bias), x @ weight.t() + bias)
+        weight.mul_(2)  # an in-place update: the packed copy must follow
+        torch.testing.assert_close(packed(x, weight), x @ weight.t())
+        assert (packed._packed is not None) == onednn_available()
+    # with gradients it is the plain, differentiable F.linear
+    w = weight.clone().requires_grad_()
+    packed(x, w).sum().backward()
+    assert w.grad is not None
+    assert copy.deepcopy(packed)._packed is None  # copies pack their own

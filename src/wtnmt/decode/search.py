@@ -97,23 +97,40 @@ def _limits(model, src: Tensor, max_len_a: float, max_len_b: int, max_len: int |
     return max_lengths(src, a=max_len_a, b=max_len_b, pad_id=model.pad_id, cap=cap)
 
 
-def _argmax(x: Tensor) -> Tensor:
-    """x.argmax(-1) of x [N, V], the first maximum: ``amax`` over blocks of the row, then the
-    first best block only. The same answer as ``argmax``, which on CPU is 5-10× slower than
-    ``amax`` for a vocabulary-wide row."""
-    n, v = x.shape
-    block = 128
-    if v <= 4 * block:
-        return x.argmax(-1)
-    full = v // block * block
-    blocks = x[:, :full].view(n, -1, block).amax(-1)  # [N, V // block]
-    tail = x[:, full:].amax(-1, keepdim=True) if full < v else blocks[:, :0]
-    best = torch.cat([blocks, tail], dim=1).argmax(-1)  # [N] first block holding the maximum
-    start = best * block
-    cols = start[:, None] + torch.arange(block, device=x.device)  # [N, block]
-    inside = x.gather(1, cols.clamp(max=v - 1))
-    inside = inside.masked_fill(cols >= v, float("-inf"))
-    return start + inside.argmax(-1)
+_BLOCK = 128  # vocabulary block of the two-stage top-k
+
+
+def top_extensions(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The k best extensions of each sentence, best first: ``topk`` of scores + log-probs.
+
+    lprobs [n, G, V] (G hypotheses per sentence), scores [n, G] → summed scores [n, k'],
+    hypothesis [n, k'] and token [n, k'], k' = min(k, G·V). The same as
+    ``(scores[..., None] + lprobs).view(n, -1).topk(k)`` (up to the order of ties), without
+    writing a vocabulary-wide sum or ranking it: on CPU those two passes cost more than the
+    rest of the search. Each row is cut into blocks of 128 tokens; the k extensions lie in
+    the k blocks with the best maxima (a block left out has k better maxima above it), so only
+    those k·128 values are ranked.
+    """
+    n, g, v = lprobs.shape
+    k = min(k, g * v)
+    if v <= 4 * _BLOCK:
+        top, flat = (scores[:, :, None] + lprobs).view(n, -1).topk(k, dim=1)
+        return top, flat // v, flat % v
+    full = v // _BLOCK * _BLOCK
+    maxima = lprobs[..., :full].reshape(n, g, -1, _BLOCK).amax(-1)  # [n, G, V // 128]
+    if full < v:
+        maxima = torch.cat([maxima, lprobs[..., full:].amax(-1, keepdim=True)], dim=-1)
+    per_hyp = maxima.size(-1)
+    maxima = (maxima + scores[:, :, None]).view(n, -1)  # [n, G·blocks]
+    best = maxima.topk(min(k, maxima.size(1)), dim=1).indices  # [n, kb]
+    hyp = best // per_hyp
+    cols = (best % per_hyp * _BLOCK)[:, :, None] + torch.arange(_BLOCK, device=lprobs.device)
+    flat = hyp[:, :, None] * v + cols.clamp(max=v - 1)  # [n, kb, 128] into [n, G·V]
+    values = lprobs.view(n, -1).gather(1, flat.view(n, -1)).view_as(flat)
+    values = (values + scores.gather(1, hyp)[:, :, None]).masked_fill(cols >= v, float("-inf"))
+    top, pos = values.view(n, -1).topk(k, dim=1)
+    flat = flat.view(n, -1).gather(1, pos)
+    return top, flat // v, flat % v
 
 
 @torch.inference_mode()
@@ -136,11 +153,12 @@ def greedy_search(
     done = torch.zeros(b, dtype=torch.bool, device=src.device)
     log_prob = torch.zeros(b, device=src.device)
     lengths = torch.zeros(b, dtype=torch.long, device=src.device)
+    zero = torch.zeros(b, 1, device=src.device)
     for t in range(int(limit.max()) + 1):  # step t = limit forces EOS
         forced = limit.le(t) if t >= first_forced else None
         lprobs = _constrain(stepper(prefix), t, min_len, forced)  # [B, V]
-        token = _argmax(lprobs)
-        best = lprobs.gather(1, token[:, None])[:, 0]
+        best, _, token = top_extensions(lprobs[:, None], zero, 1)
+        best, token = best[:, 0], token[:, 0]
         token = token.masked_fill(done, PAD)
         log_prob += best.masked_fill(done, 0.0)
         lengths += (~done).long()
@@ -192,10 +210,7 @@ def beam_search(
         forced = limit.le(t) if t >= first_forced else None
         lprobs = stepper(prefix).view(n, group, -1)  # [n, G, V]
         _constrain(lprobs, t, min_len, forced)
-        vocab = lprobs.size(-1)
-        cand = lprobs.add_(scores[:, :, None]).view(n, -1)  # [n, G·V]
-        top, flat = cand.topk(min(2 * beam, cand.size(1)), dim=1)  # [n, C], best first
-        origin, token = flat // vocab, flat % vocab
+        top, origin, token = top_extensions(lprobs, scores, 2 * beam)  # [n, C], best first
         alive = top.gt(float("-inf"))
         is_eos = token.eq(EOS)
         # an EOS ranked among the first K ends a hypothesis; the best K others live on

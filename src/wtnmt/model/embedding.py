@@ -7,6 +7,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from wtnmt.model.packed import PackedLinear
+
 
 class TokenEmbedding(nn.Module):
     """One [V, D] matrix for source and target embeddings and the output projection (tied),
@@ -21,12 +23,13 @@ class TokenEmbedding(nn.Module):
         nn.init.normal_(self.weight, std=d_model**-0.5)
         with torch.no_grad():
             self.weight[pad_id].zero_()
+        self._output = PackedLinear()  # decoding's output projection, packed for oneDNN
 
     def forward(self, tokens: Tensor) -> Tensor:
         return nn.functional.embedding(tokens, self.weight, self.pad_id) * self.scale
 
     def logits(self, x: Tensor) -> Tensor:
-        return x @ self.weight.t()  # [..., D] → [..., V]
+        return self._output(x, self.weight)  # x·Eᵀ: [..., D] → [..., V]
 
 
 def sinusoid_table(length: int, d_model: int) -> Tensor:
