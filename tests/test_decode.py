@@ -216,6 +216,19 @@ def test_cached_decoding_gives_the_same_tokens_and_scores_as_recomputing():
         assert [h.tokens for h in greedy_a] == [h.tokens for h in greedy_b]
 
 
+def test_long_outputs_grow_the_cache_and_still_match_recomputing():
+    # 40 steps: the cache's step buffers grow twice (16 → 32 → 64), and from one slot per
+    # step (step 0) to five
+    model = next(models())
+    src = source_batch()[:3]
+    cached = beam_search(model, src, beam=5, nbest=5, min_len=40, max_len=40)
+    plain = beam_search(model, src, beam=5, nbest=5, min_len=40, max_len=40, use_cache=False)
+    for a, b in zip(cached, plain, strict=True):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
+    assert len(cached[0][0].tokens) == 40
+
+
 def test_forced_length_for_benchmarks():
     model = next(models())
     hyps = beam_search(model, source_batch(), beam=5, min_len=24, max_len=24)

@@ -20,34 +20,90 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from wtnmt.model.outputs import AttentionInternals, AttentionOutput
+from wtnmt.model.packed import PackedLinear
 
 
 @dataclass
 class LayerCache:
     """Keys and values one decoder layer has seen, for step-wise decoding.
 
-    Mutable on purpose: the attention modules append the new step's keys and values to
-    ``self_k``/``self_v``; ``cross_k``/``cross_v`` are computed once per source.
+    ``cross_k``/``cross_v`` are computed once per source sentence. The decoder's own keys and
+    values are written once, at their step, and never copied again: beam search reorders
+    hypotheses at every step, and copying every hypothesis' history each time (what a cache
+    of one row per hypothesis needs) cost more than the attention itself. Step τ's keys of
+    the G hypotheses of sentence b sit in slots ``self_k[:, b, τ, 0:G]``; hypothesis n reads
+    its own prefix through ``path[n, τ]``, the slot its ancestor took at step τ (G = 1:
+    always slot 0). Mutable on purpose: each step appends.
     """
 
     cross_k: Tensor  # [H, B, S, Dk]   one per *sentence*, shared by its hypotheses
     cross_v: Tensor  # [H, B, S, Dk]
-    self_k: Tensor | None = None  # [H, B·G, t, Dk]   one per hypothesis (G per sentence)
+    path: Tensor  # [B·G, t] long   the slot of each step a hypothesis' prefix went through
+    self_k: Tensor | None = None  # [H, B, capacity, W, Dk]   steps × slots, zeros where unset
     self_v: Tensor | None = None
+    steps: int = 0  # steps written
 
-    def reorder(self, index: Tensor, sentences: Tensor | None = None) -> LayerCache:
-        """Keep hypotheses ``index`` [N'] (beam search reorders and expands them) and, when
-        some sentences are done, sentences ``sentences`` [B'] of the source side."""
+    def reorder(self, path: Tensor, sentences: Tensor | None = None) -> LayerCache:
+        """The cache for reordered hypotheses (``path`` already reordered) and, when some
+        sentences are done, for source sentences ``sentences`` [B'] only. The keys and values
+        are shared with this cache, which is not to be used any more."""
 
-        def pick(t: Tensor | None, rows: Tensor | None) -> Tensor | None:
-            return None if t is None or rows is None else t.index_select(1, rows)
+        def pick(t: Tensor | None) -> Tensor | None:
+            return None if t is None or sentences is None else t.index_select(1, sentences)
 
         return LayerCache(
-            cross_k=self.cross_k if sentences is None else pick(self.cross_k, sentences),  # type: ignore[arg-type]
-            cross_v=self.cross_v if sentences is None else pick(self.cross_v, sentences),  # type: ignore[arg-type]
-            self_k=pick(self.self_k, index),
-            self_v=pick(self.self_v, index),
+            cross_k=self.cross_k if sentences is None else pick(self.cross_k),  # type: ignore[arg-type]
+            cross_v=self.cross_v if sentences is None else pick(self.cross_v),  # type: ignore[arg-type]
+            path=path,
+            self_k=self.self_k if sentences is None else pick(self.self_k),
+            self_v=self.self_v if sentences is None else pick(self.self_v),
+            steps=self.steps,
         )
+
+    def _room(self, k: Tensor, group: int) -> None:
+        """Make the buffers hold one more step of ``group`` slots (grown by doubling)."""
+        h, b, dk = k.size(0), self.cross_k.size(1), k.size(-1)
+        if self.self_k is not None:
+            _, _, capacity, width, _ = self.self_k.shape
+            if self.steps < capacity and group <= width:
+                return
+            capacity, width = max(capacity, 2 * self.steps), max(width, group)
+        else:
+            capacity, width = 16, group
+        for name in ("self_k", "self_v"):
+            old = getattr(self, name)
+            new = k.new_zeros(h, b, capacity, width, dk)
+            if old is not None:
+                new[:, :, : self.steps, : old.size(3)] = old[:, :, : self.steps]
+            setattr(self, name, new)
+
+    def attend_self(self, q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float) -> Tensor:
+        """Append this step's k, v [H, B·G, 1, Dk] and attend from q [H, B·G, 1, Dk] to each
+        hypothesis' own prefix (this step included). → heads [H, B·G, 1, Dk]."""
+        h, n, _, dk = q.shape
+        b = self.cross_k.size(1)
+        group = n // b
+        self._room(k, group)
+        assert self.self_k is not None and self.self_v is not None
+        t = self.steps
+        self.self_k[:, :, t, :group] = k.view(h, b, group, dk)
+        self.self_v[:, :, t, :group] = v.view(h, b, group, dk)
+        self.steps = t = t + 1
+        width = self.self_k.size(3)
+        keys = self.self_k[:, :, :t].reshape(h, b, t * width, dk)  # views, no copy
+        values = self.self_v[:, :, :t].reshape(h, b, t * width, dk)
+        queries = q.reshape(h, b, group, dk) / math.sqrt(dk)
+        scores = torch.matmul(queries, keys.transpose(-1, -2))  # [H, B, G, t·W]
+        if width > 1:  # each hypothesis' own prefix: one slot per step
+            steps = torch.arange(t, device=q.device) * width
+            cols = (steps + self.path.view(b, group, t)).expand(h, b, group, t)
+            scores = scores.gather(-1, cols)  # [H, B, G, t]
+        probs = scores.softmax(dim=-1)
+        if dropout_p > 0:
+            probs = F.dropout(probs, p=dropout_p)
+        if width > 1:
+            probs = scores.new_zeros(h, b, group, t * width).scatter_(-1, cols, probs)
+        return torch.matmul(probs, values).view(h, n, 1, dk)
 
 
 _SHORT_QUERIES = 8  # query blocks up to this length skip the fused kernel (see attend)
@@ -100,6 +156,7 @@ class HeadProjection(nn.Module):
         super().__init__()
         self.heads = heads
         self.weight = nn.Parameter(torch.empty(3 * d_model, d_model))
+        self._qkv, self._q, self._kv = PackedLinear(), PackedLinear(), PackedLinear()
         nn.init.xavier_uniform_(self.weight.view(3, d_model, d_model)[0])
         nn.init.xavier_uniform_(self.weight.view(3, d_model, d_model)[1])
         nn.init.xavier_uniform_(self.weight.view(3, d_model, d_model)[2])
@@ -110,16 +167,16 @@ class HeadProjection(nn.Module):
 
     def self_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x: [B, T, D] → q, k, v each [H, B, T, Dk], in one matmul."""
-        q, k, v = self._split(F.linear(x, self.weight), 3)
+        q, k, v = self._split(self._qkv(x, self.weight), 3)
         return q, k, v
 
     def queries(self, x: Tensor) -> Tensor:
         d = self.weight.size(1)
-        return self._split(F.linear(x, self.weight[:d]), 1)[0]  # [H, B, T, Dk]
+        return self._split(self._q(x, self.weight[:d]), 1)[0]  # [H, B, T, Dk]
 
     def keys_values(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         d = self.weight.size(1)
-        k, v = self._split(F.linear(memory, self.weight[d:]), 2)  # [H, B, S, Dk] each
+        k, v = self._split(self._kv(memory, self.weight[d:]), 2)  # [H, B, S, Dk] each
         return k, v
 
 
@@ -160,15 +217,13 @@ class HeadAttention(nn.Module):
         Returns heads [H, B, T, Dk] and, when asked, the internals.
         """
         causal, group = self.causal, 1
+        p = self.dropout if self.training else 0.0
         if memory is None and not (self.cross and cache is not None):
             q, k, v = self.proj.self_qkv(x)
             if cache is not None:
-                if cache.self_k is not None:
-                    k = torch.cat([cache.self_k, k], dim=2)  # [H, B, t+1, Dk]
-                    v = torch.cat([cache.self_v, v], dim=2)  # type: ignore[list-item]
-                cache.self_k, cache.self_v = k, v
-                # one new query sees the whole prefix: no mask needed
-                causal = causal and q.size(2) > 1
+                if q.size(2) != 1 or need_internals:
+                    raise ValueError("a cache takes one step at a time, without internals")
+                return cache.attend_self(q, k, v, dropout_p=p), None
         elif cache is not None:
             q, k, v = self.proj.queries(x), cache.cross_k, cache.cross_v
             h, n, t, dk = q.shape
@@ -177,7 +232,6 @@ class HeadAttention(nn.Module):
         else:
             q = self.proj.queries(x)
             k, v = self.proj.keys_values(memory)
-        p = self.dropout if self.training else 0.0
         heads, probs = attend(
             q, k, v, key_pad=key_pad, causal=causal, dropout_p=p, need_probs=need_internals
         )
@@ -194,11 +248,14 @@ class HeadAttention(nn.Module):
         return heads, internals
 
 
-def merge_heads(heads: Tensor, w_out: Tensor) -> Tensor:
-    """Σ_h head_h · W^{O_h} = Concat(heads)·W^O (eq. 3).  heads [H,B,T,Dk], w_out [H,Dk,D]."""
+def merge_heads(heads: Tensor, w_out: Tensor, linear: PackedLinear | None = None) -> Tensor:
+    """Σ_h head_h · W^{O_h} = Concat(heads)·W^O (eq. 3).  heads [H,B,T,Dk], w_out [H,Dk,D].
+    ``linear``: the PackedLinear to multiply with when w_out is a parameter."""
     h, b, t, dk = heads.shape
     concat = heads.permute(1, 2, 0, 3).reshape(b * t, h * dk)  # [BT, D]
-    return (concat @ w_out.reshape(h * dk, -1)).view(b, t, -1)  # [B, T, D]
+    w = w_out.reshape(h * dk, -1)  # [D, D]
+    out = concat @ w if linear is None else linear(concat, w.t())
+    return out.view(b, t, -1)  # [B, T, D]
 
 
 def init_out_projection(w_out: Tensor) -> None:
@@ -220,6 +277,7 @@ class MultiHeadAttention(nn.Module):
         )
         self.w_out = nn.Parameter(torch.empty(heads, d_model // heads, d_model))  # W^O split
         init_out_projection(self.w_out)
+        self._out = PackedLinear()
 
     def forward(
         self,
@@ -233,4 +291,4 @@ class MultiHeadAttention(nn.Module):
         heads, internals = self.attn(
             x, memory, key_pad=key_pad, cache=cache, need_internals=need_internals
         )
-        return AttentionOutput(out=merge_heads(heads, self.w_out), internals=internals)
+        return AttentionOutput(out=merge_heads(heads, self.w_out, self._out), internals=internals)

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from wtnmt.model.attention import HeadAttention, LayerCache, init_out_projection, merge_heads
 from wtnmt.model.branch_weights import BranchWeights, InitMode, WeightMode
 from wtnmt.model.outputs import AttentionOutput
+from wtnmt.model.packed import PackedLinear
 
 
 class BranchedAttention(nn.Module):
@@ -73,6 +74,7 @@ class BranchedAttention(nn.Module):
         nn.init.uniform_(self.w2, -bound, bound)
         self.branch_weights = BranchWeights(branches=m, mode=weights, topk=topk, init=init)
         self._fused_cache: tuple[tuple, tuple[Tensor, Tensor, Tensor]] | None = None
+        self._tail = PackedLinear()  # the output matmul, packed while decoding
 
     def _fused_weights(self, kappa: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """W_i = κ_i W^{O_i} W1_i, the output weights and bias the tail multiplies with.
@@ -120,18 +122,20 @@ class BranchedAttention(nn.Module):
         )  # [M, B, T, Dk]
         kappa, alpha = self.branch_weights()  # [M] each
         w, w2, b2 = self._fused_weights(kappa, alpha)
+        # without gradients the fused weights are kept, and their key says when they change
+        key = None if self._fused_cache is None else self._fused_cache[0]
         m, b, t, dk = heads.shape
         flat = heads.reshape(m, b * t, dk)  # [M, BT, Dk]
         if self.ffn == "split":
             hid = F.relu(torch.baddbmm(self.b1[:, None, :], flat, w))  # [M, BT, F/M]
             hid = self._dropout(hid)
             concat = hid.permute(1, 0, 2).reshape(b * t, -1)  # [BT, F] = Concat_i(hid_i)
-            out = torch.addmm(b2, concat, w2)  # [BT, D]
+            out = self._tail(concat, w2.t(), b2, key=key)  # [BT, D]
         else:
             hid = F.relu(torch.baddbmm(self.b1, flat, w))  # [M, BT, F]
             hid = self._dropout(hid)
             weighted = torch.einsum("m,mnf->nf", alpha, hid)  # Σ_i α_i hid_i  [BT, F]
-            out = torch.addmm(b2, weighted, w2)  # [BT, D]
+            out = self._tail(weighted, w2.t(), b2, key=key)  # [BT, D]
         if internals is not None:
             internals = replace(internals, kappa=kappa, alpha=alpha)
         return AttentionOutput(out=out.view(b, t, -1), internals=internals)

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from wtnmt.model.attention import LayerCache
 from wtnmt.model.outputs import AttentionInternals, AttentionOutput
+from wtnmt.model.packed import PackedLinear
 
 
 class FeedForward(nn.Module):
@@ -32,12 +33,13 @@ class FeedForward(nn.Module):
         for fc in (self.fc1, self.fc2):
             nn.init.xavier_uniform_(fc.weight)
             nn.init.zeros_(fc.bias)
+        self._fc1, self._fc2 = PackedLinear(), PackedLinear()
 
     def forward(self, x: Tensor) -> Tensor:
-        h = F.relu(self.fc1(x))
+        h = F.relu(self._fc1(x, self.fc1.weight, self.fc1.bias))
         if self.activation_dropout > 0:
             h = F.dropout(h, p=self.activation_dropout, training=self.training)
-        return self.fc2(h)
+        return self._fc2(h, self.fc2.weight, self.fc2.bias)
 
 
 class Residual(nn.Module):

@@ -37,13 +37,20 @@ def onednn_available() -> bool:
 
 class PackedLinear:
     """Computes ``F.linear(x, weight, bias)``; on CPU in float32 without gradients, through a
-    oneDNN-packed copy of ``weight`` [out, in] made on first use and kept until it changes."""
+    oneDNN-packed copy of ``weight`` [out, in] (a transposed view of an [in, out] parameter
+    will do) made on first use and kept until it changes.
+
+    ``key`` identifies the weight's value when it is computed from parameters rather than
+    one itself (it is then a fresh tensor at each computation): pass what changes with them.
+    """
 
     def __init__(self) -> None:
-        self._key: tuple[int, int] | None = None
+        self._key: object = None
         self._packed: Tensor | None = None
 
-    def __call__(self, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    def __call__(
+        self, x: Tensor, weight: Tensor, bias: Tensor | None = None, *, key: object = None
+    ) -> Tensor:
         if (
             torch.is_grad_enabled()
             or x.device.type != "cpu"
@@ -52,7 +59,8 @@ class PackedLinear:
             or not onednn_available()
         ):
             return F.linear(x, weight, bias)
-        key = (weight.data_ptr(), weight._version)
+        if key is None:
+            key = (weight.data_ptr(), weight._version, weight.shape, weight.stride())
         if self._packed is None or self._key != key:
             rows = max(1, x.numel() // x.size(-1))  # a hint for the layout
             self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)

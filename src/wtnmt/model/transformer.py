@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
 from wtnmt.model.attention import LayerCache
@@ -35,12 +36,14 @@ class DecoderCache:
 
     def reorder(self, index: Tensor, sentences: Tensor | None = None) -> DecoderCache:
         """Keep hypotheses ``index`` [N'] and, when given, source sentences ``sentences`` [B']
-        (beam search: hypotheses are reordered every step, sentences only when some are done)."""
+        (beam search: hypotheses are reordered every step, sentences only when some are done).
+        Returns the cache to decode on with; this one is not to be used any more."""
         src_pad = self.src_pad
         if sentences is not None and src_pad is not None:
             src_pad = src_pad.index_select(0, sentences)
+        path = self.layers[0].path.index_select(0, index)  # the same in every layer
         return DecoderCache(
-            layers=[layer.reorder(index, sentences) for layer in self.layers],
+            layers=[layer.reorder(path, sentences) for layer in self.layers],
             src_pad=src_pad,
             step=self.step,
         )
@@ -161,7 +164,8 @@ class Seq2Seq(nn.Module):
             k, v = layer.cross_attn.attn.proj.keys_values(memory)  # [H, B, S, Dk] each
             # contiguous, so that every step's QKᵀ and PV are plain batched matmuls: the
             # projection's head-split views would be copied by matmul at every step
-            layers.append(LayerCache(cross_k=k.contiguous(), cross_v=v.contiguous()))
+            path = torch.zeros(k.size(1), 0, dtype=torch.long, device=k.device)
+            layers.append(LayerCache(cross_k=k.contiguous(), cross_v=v.contiguous(), path=path))
         src_pad = enc.src_pad if bool(enc.src_pad.any()) else None
         return DecoderCache(layers=layers, src_pad=src_pad)
 
@@ -172,6 +176,15 @@ class Seq2Seq(nn.Module):
         Appends this step's keys and values to ``cache`` and advances ``cache.step``.
         """
         x = self.embed(tokens[:, None], offset=cache.step)  # [N, 1, D]
+        # this step's keys of a sentence's G hypotheses take slots 0 … G−1
+        sentences = cache.layers[0].cross_k.size(1)
+        slot = torch.arange(tokens.size(0) // sentences, device=tokens.device).repeat(sentences)
+        path = cache.layers[0].path
+        if cache.step == 0:  # the first step decides how many hypotheses there are
+            path = path.new_zeros(tokens.size(0), 0)
+        path = torch.cat([path, slot[:, None]], dim=1)  # [N, t+1]
+        for layer_cache in cache.layers:
+            layer_cache.path = path
         for layer, layer_cache in zip(self.decoder_layers, cache.layers, strict=True):
             x, _, _ = layer(x, None, src_pad=cache.src_pad, cache=layer_cache)
         if self.decoder_norm is not None:
