@@ -186,6 +186,21 @@ def test_hypotheses_share_their_sentence_source_side_in_the_cache(name):
     torch.testing.assert_close(step, full, rtol=1e-10, atol=1e-10)
 
 
+def test_the_cache_grows_past_the_room_it_was_given():
+    """Buffers sized for 3 steps of 1 hypothesis, used for 20 steps of 2 per sentence."""
+    model = make("weighted")
+    src, _ = batch()
+    g = torch.Generator().manual_seed(5)
+    hyps = torch.randint(4, V, (6, 20), generator=g)
+    hyps[:, 0] = BOS
+    rows = torch.arange(3).repeat_interleave(2)
+    cache = model.init_cache(model.encode(src), steps=3, hypotheses=1)
+    steps = [model.decode_step(hyps[:, t], cache) for t in range(20)]
+    full = model(src[rows], hyps).logits
+    torch.testing.assert_close(torch.stack(steps, dim=1), full, rtol=1e-10, atol=1e-10)
+    assert cache.layers[0].self_k.shape[2:4] == (24, 2)  # 3 → 6 → 12 → 24 steps, 2 slots
+
+
 def test_over_long_input_names_the_limit():
     model = make("weighted")
     with pytest.raises(ValueError, match="max_positions=64"):

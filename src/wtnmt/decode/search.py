@@ -50,10 +50,12 @@ class _Stepper:
     reference expands it to every hypothesis.
     """
 
-    def __init__(self, model, src: Tensor, use_cache: bool) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, model, src: Tensor, use_cache: bool, steps: int, group: int) -> None:  # type: ignore[no-untyped-def]
         self.model, self.use_cache = model, use_cache
         self.enc = model.encode(src)
-        self.cache = model.init_cache(self.enc) if use_cache else None
+        self.cache = None
+        if use_cache:  # room for ``steps`` steps of ``group`` hypotheses per sentence
+            self.cache = model.init_cache(self.enc, steps=steps, hypotheses=group)
 
     def reorder(self, index: Tensor, sentences: Tensor | None) -> None:
         """Keep hypotheses ``index``; ``sentences``: the source sentences still searched."""
@@ -148,7 +150,7 @@ def greedy_search(
     b = src.size(0)
     limit = _limits(model, src, max_len_a, max_len_b, max_len)
     first_forced = int(limit.min())
-    stepper = _Stepper(model, src, use_cache)
+    stepper = _Stepper(model, src, use_cache, steps=int(limit.max()) + 1, group=1)
     prefix = torch.full((b, 1), BOS, dtype=torch.long, device=src.device)
     done = torch.zeros(b, dtype=torch.bool, device=src.device)
     log_prob = torch.zeros(b, device=src.device)
@@ -199,7 +201,7 @@ def beam_search(
     b, device = src.size(0), src.device
     limit = _limits(model, src, max_len_a, max_len_b, max_len)  # [n] of the active sentences
     first_forced = int(limit.min())
-    stepper = _Stepper(model, src, use_cache)
+    stepper = _Stepper(model, src, use_cache, steps=int(limit.max()) + 1, group=beam)
     # step 0 has a single hypothesis per sentence (the empty prefix); K from step 1 on
     prefix = torch.full((b, 1), BOS, dtype=torch.long, device=device)
     scores = torch.zeros(b, 1, device=device)  # [n, G] summed log-probabilities

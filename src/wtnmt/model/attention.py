@@ -39,9 +39,11 @@ class LayerCache:
     cross_k: Tensor  # [H, B, S, Dk]   one per *sentence*, shared by its hypotheses
     cross_v: Tensor  # [H, B, S, Dk]
     path: Tensor  # [B·G, t] long   the slot of each step a hypothesis' prefix went through
-    self_k: Tensor | None = None  # [H, B, capacity, W, Dk]   steps × slots, zeros where unset
-    self_v: Tensor | None = None
+    self_k: Tensor | None = None  # [H, B, capacity, W, Dk]   steps × slots
+    self_v: Tensor | None = None  # the same, zeros in the slots no hypothesis took
     steps: int = 0  # steps written
+    capacity: int = 16  # steps and slots (hypotheses per sentence) to allocate room for at
+    width: int = 1  # first; more are made when needed
 
     def reorder(self, path: Tensor, sentences: Tensor | None = None) -> LayerCache:
         """The cache for reordered hypotheses (``path`` already reordered) and, when some
@@ -61,7 +63,12 @@ class LayerCache:
         )
 
     def _room(self, k: Tensor, group: int) -> None:
-        """Make the buffers hold one more step of ``group`` slots (grown by doubling)."""
+        """Make the buffers hold one more step of ``group`` slots (grown by doubling).
+
+        Values are zero in every slot no hypothesis took (they meet probability 0 in the
+        product with the attention weights, and must not be NaN); keys of those slots are
+        only ever scored and discarded.
+        """
         h, b, dk = k.size(0), self.cross_k.size(1), k.size(-1)
         if self.self_k is not None:
             _, _, capacity, width, _ = self.self_k.shape
@@ -69,12 +76,14 @@ class LayerCache:
                 return
             capacity, width = max(capacity, 2 * self.steps), max(width, group)
         else:
-            capacity, width = 16, group
+            capacity, width = max(self.capacity, 1), max(self.width, group)
         for name in ("self_k", "self_v"):
             old = getattr(self, name)
-            new = k.new_zeros(h, b, capacity, width, dk)
+            new = k.new_empty(h, b, capacity, width, dk)
             if old is not None:
                 new[:, :, : self.steps, : old.size(3)] = old[:, :, : self.steps]
+                if name == "self_v" and old.size(3) < width:
+                    new[:, :, : self.steps, old.size(3) :] = 0
             setattr(self, name, new)
 
     def attend_self(self, q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float) -> Tensor:
@@ -88,6 +97,8 @@ class LayerCache:
         t = self.steps
         self.self_k[:, :, t, :group] = k.view(h, b, group, dk)
         self.self_v[:, :, t, :group] = v.view(h, b, group, dk)
+        if group < self.self_v.size(3):
+            self.self_v[:, :, t, group:] = 0
         self.steps = t = t + 1
         width = self.self_k.size(3)
         keys = self.self_k[:, :, :t].reshape(h, b, t * width, dk)  # views, no copy

@@ -157,15 +157,29 @@ class Seq2Seq(nn.Module):
         return ModelOutput(logits=logits, internals=internals)
 
     # ---------------------------------------------------------------------------------------
-    def init_cache(self, enc: EncoderOutput) -> DecoderCache:
-        """Compute every decoder layer's cross-attention keys and values once per source."""
+    def init_cache(
+        self, enc: EncoderOutput, *, steps: int | None = None, hypotheses: int = 1
+    ) -> DecoderCache:
+        """Compute every decoder layer's cross-attention keys and values once per source.
+
+        ``steps`` and ``hypotheses`` (per sentence) size the self-attention buffers when the
+        search knows them; otherwise they grow as needed.
+        """
         layers = []
         for layer, memory in zip(self.decoder_layers, enc.memories, strict=True):
             k, v = layer.cross_attn.attn.proj.keys_values(memory)  # [H, B, S, Dk] each
             # contiguous, so that every step's QKᵀ and PV are plain batched matmuls: the
             # projection's head-split views would be copied by matmul at every step
             path = torch.zeros(k.size(1), 0, dtype=torch.long, device=k.device)
-            layers.append(LayerCache(cross_k=k.contiguous(), cross_v=v.contiguous(), path=path))
+            layers.append(
+                LayerCache(
+                    cross_k=k.contiguous(),
+                    cross_v=v.contiguous(),
+                    path=path,
+                    capacity=steps or 16,
+                    width=hypotheses,
+                )
+            )
         src_pad = enc.src_pad if bool(enc.src_pad.any()) else None
         return DecoderCache(layers=layers, src_pad=src_pad)
 
