@@ -177,6 +177,65 @@ def greedy_search(
     return out
 
 
+def _settle(
+    top: Tensor,
+    origin: Tensor,
+    token: Tensor,
+    scores: Tensor,
+    prefix: Tensor,
+    active: Tensor,
+    finished: list[list[Hypothesis]],
+    beam: int,
+    alpha: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None] | None:
+    """A step where some hypotheses end (or cannot go on): record them in ``finished``.
+
+    top/origin/token [n, C]: the ranked extensions. An EOS ranked among the first K ends a
+    hypothesis; the best K others live on (too few: padded with dead ones, score -inf).
+    Returns their scores, origins and tokens [n', K] and the rows of the sentences still
+    searching (None: all of them), or None when every sentence is done.
+    """
+    n, group = scores.shape
+    alive = top.gt(float("-inf"))
+    is_eos = token.eq(EOS)
+    ends = is_eos & alive & torch.arange(top.size(1), device=top.device).lt(beam)
+    live = ~is_eos & alive
+    live_rank = live.cumsum(1) - 1
+    live &= live_rank.lt(beam)
+    n_live = live.sum(1)
+    for row, r in ends.nonzero().tolist():
+        sent = int(active[row])
+        if len(finished[sent]) < beam:
+            toks = prefix[row * group + int(origin[row, r]), 1:].tolist()
+            score = float(top[row, r])
+            finished[sent].append(
+                Hypothesis(toks, score / length_penalty(len(toks) + 1, alpha), score)
+            )
+    for row in n_live.eq(0).nonzero()[:, 0].tolist():
+        sent = int(active[row])
+        if not finished[sent]:  # nothing may follow (e.g. min_len): end the best prefix
+            best = float(scores[row].max())
+            toks = prefix[row * group + int(scores[row].argmax()), 1:].tolist()
+            finished[sent].append(
+                Hypothesis(toks, best / length_penalty(len(toks) + 1, alpha), best)
+            )
+    n_done = torch.tensor([len(finished[s]) for s in active.tolist()], device=top.device)
+    still = n_done.lt(beam) & n_live.gt(0)  # [n]
+    if not bool(still.any()):
+        return None
+    slot = torch.where(live, live_rank, beam)  # [n, C], beam = discarded
+    new_score = top.new_full((n, beam + 1), float("-inf"))
+    new_origin = origin.new_zeros(n, beam + 1)
+    new_token = token.new_full((n, beam + 1), EOS)
+    new_score.scatter_(1, slot, top.masked_fill(~live, float("-inf")))
+    new_origin.scatter_(1, slot, origin)
+    new_token.scatter_(1, slot, token)
+    if bool(still.all()):
+        return new_score[:, :beam], new_origin[:, :beam], new_token[:, :beam], None
+    rows = still.nonzero()[:, 0]
+    return new_score[rows, :beam], new_origin[rows, :beam], new_token[rows, :beam], rows
+
+
 @torch.inference_mode()
 def beam_search(
     model,
@@ -213,51 +272,22 @@ def beam_search(
         lprobs = stepper(prefix).view(n, group, -1)  # [n, G, V]
         _constrain(lprobs, t, min_len, forced)
         top, origin, token = top_extensions(lprobs, scores, 2 * beam)  # [n, C], best first
-        alive = top.gt(float("-inf"))
-        is_eos = token.eq(EOS)
-        # an EOS ranked among the first K ends a hypothesis; the best K others live on
-        rank = torch.arange(top.size(1), device=device)
-        ends = is_eos & alive & rank.lt(beam)
-        live = ~is_eos & alive
-        live_rank = live.cumsum(1) - 1
-        live &= live_rank.lt(beam)
-        n_live = live.sum(1)
-        if bool(ends.any()):
-            for row, r in ends.nonzero().tolist():
-                sent = int(active[row])
-                if len(finished[sent]) < beam:
-                    toks = prefix[row * group + int(origin[row, r]), 1:].tolist()
-                    score = float(top[row, r])
-                    hyp = Hypothesis(toks, score / length_penalty(len(toks) + 1, alpha), score)
-                    finished[sent].append(hyp)
-        for row in n_live.eq(0).nonzero()[:, 0].tolist():
-            sent = int(active[row])
-            if not finished[sent]:  # nothing may follow (e.g. min_len): end the best prefix
-                best = float(scores[row].max())
-                toks = prefix[row * group + int(scores[row].argmax()), 1:].tolist()
-                hyp = Hypothesis(toks, best / length_penalty(len(toks) + 1, alpha), best)
-                finished[sent].append(hyp)
-        n_done = torch.tensor([len(finished[s]) for s in active.tolist()], device=device)
-        still = n_done.lt(beam) & n_live.gt(0)  # [n]
-        if not bool(still.any()):
-            break
-        # the K live extensions of each sentence, in rank order; too few: dead ones (-inf)
-        slot = torch.where(live, live_rank, beam)  # [n, C], beam = discarded
-        new_score = torch.full((n, beam + 1), float("-inf"), device=device)
-        new_origin = torch.zeros(n, beam + 1, dtype=torch.long, device=device)
-        new_token = torch.full((n, beam + 1), EOS, dtype=torch.long, device=device)
-        new_score.scatter_(1, slot, top.masked_fill(~live, float("-inf")))
-        new_origin.scatter_(1, slot, origin)
-        new_token.scatter_(1, slot, token)
-        rows = torch.arange(n, device=device)
-        sentences = None
-        if not bool(still.all()):  # some sentences are done: the source side shrinks
-            rows = still.nonzero()[:, 0]
-            sentences, active, limit = rows, active[rows], limit[rows]
-        index = (rows[:, None] * group + new_origin[rows, :beam]).view(-1)  # [n'·K]
-        prefix = torch.cat(
-            [prefix.index_select(0, index), new_token[rows, :beam].reshape(-1, 1)], 1
-        )
-        scores = new_score[rows, :beam]
+        rows, sentences = None, None
+        if top.size(1) >= beam and not bool(
+            token[:, :beam].eq(EOS).any() | top[:, beam - 1].isneginf().any()
+        ):  # the usual step: no EOS among the best K, which all live on
+            top, origin, token = top[:, :beam], origin[:, :beam], token[:, :beam]
+        else:
+            settled = _settle(top, origin, token, scores, prefix, active, finished, beam, alpha)
+            if settled is None:
+                break
+            top, origin, token, rows = settled
+            if rows is not None:  # some sentences are done: the source side shrinks
+                sentences, active, limit = rows, active[rows], limit[rows]
+        if rows is None:
+            rows = torch.arange(n, device=device)
+        index = (rows[:, None] * group + origin).view(-1)  # [n'·K]
+        prefix = torch.cat([prefix.index_select(0, index), token.reshape(-1, 1)], dim=1)
+        scores = top
         stepper.reorder(index, sentences)
     return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
