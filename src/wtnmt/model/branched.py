@@ -127,12 +127,12 @@ class BranchedAttention(nn.Module):
         m, b, t, dk = heads.shape
         flat = heads.reshape(m, b * t, dk)  # [M, BT, Dk]
         if self.ffn == "split":
-            hid = F.relu(torch.baddbmm(self.b1[:, None, :], flat, w))  # [M, BT, F/M]
+            hid = torch.baddbmm(self.b1[:, None, :], flat, w).relu_()  # [M, BT, F/M]
             hid = self._dropout(hid)
             concat = hid.permute(1, 0, 2).reshape(b * t, -1)  # [BT, F] = Concat_i(hid_i)
             out = self._tail(concat, w2.t(), b2, key=key)  # [BT, D]
         else:
-            hid = F.relu(torch.baddbmm(self.b1, flat, w))  # [M, BT, F]
+            hid = torch.baddbmm(self.b1, flat, w).relu_()  # [M, BT, F]
             hid = self._dropout(hid)
             weighted = torch.einsum("m,mnf->nf", alpha, hid)  # Σ_i α_i hid_i  [BT, F]
             out = self._tail(weighted, w2.t(), b2, key=key)  # [BT, D]

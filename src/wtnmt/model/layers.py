@@ -36,7 +36,7 @@ class FeedForward(nn.Module):
         self._fc1, self._fc2 = PackedLinear(), PackedLinear()
 
     def forward(self, x: Tensor) -> Tensor:
-        h = F.relu(self._fc1(x, self.fc1.weight, self.fc1.bias))
+        h = self._fc1(x, self.fc1.weight, self.fc1.bias).relu_()
         if self.activation_dropout > 0:
             h = F.dropout(h, p=self.activation_dropout, training=self.training)
         return self._fc2(h, self.fc2.weight, self.fc2.bias)
@@ -56,9 +56,10 @@ class Residual(nn.Module):
     ) -> tuple[Tensor, AttentionInternals | None]:
         """x: [B, T, D]; ``sublayer`` maps [B, T, D] to an AttentionOutput of [B, T, D]."""
         result = sublayer(self.norm(x) if self.pre else x)
+        out = self.dropout(result.out) if self.training else result.out
         if self.pre:
-            return x + self.dropout(result.out), result.internals
-        return self.norm(x + self.dropout(result.out)), result.internals
+            return x + out, result.internals
+        return self.norm(x + out), result.internals
 
 
 class EncoderLayer(nn.Module):

@@ -77,7 +77,8 @@ class Seq2Seq(nn.Module):
     # ---------------------------------------------------------------------------------------
     def embed(self, tokens: Tensor, offset: int = 0) -> Tensor:
         """tokens [B, T] → Drop(√D·E[tokens] + PE) [B, T, D]."""
-        return self.dropout(self.embedding(tokens) + self.positions(tokens.size(1), offset))
+        x = self.embedding(tokens) + self.positions(tokens.size(1), offset)
+        return self.dropout(x) if self.training else x
 
     def encode(self, src: Tensor, *, need_internals: bool = False) -> EncoderOutput:
         """src: [B, S] token ids, right-padded with pad_id."""
