@@ -203,11 +203,15 @@ def _settle(
     live_rank = live.cumsum(1) - 1
     live &= live_rank.lt(beam)
     n_live = live.sum(1)
-    for row, r in ends.nonzero().tolist():
-        sent = int(active[row])
+    ending = ends.nonzero().tolist()
+    if ending:  # to Python once: the last step ends every hypothesis
+        sents, top_l, origin_l = active.tolist(), top.tolist(), origin.tolist()
+        prefixes = prefix[:, 1:].tolist()
+    for row, r in ending:
+        sent = sents[row]
         if len(finished[sent]) < beam:
-            toks = prefix[row * group + int(origin[row, r]), 1:].tolist()
-            score = float(top[row, r])
+            toks = prefixes[row * group + origin_l[row][r]]
+            score = top_l[row][r]
             finished[sent].append(
                 Hypothesis(toks, score / length_penalty(len(toks) + 1, alpha), score)
             )
