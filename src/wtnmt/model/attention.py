@@ -42,8 +42,8 @@ class LayerCache:
     self_k: Tensor | None = None  # [H, B, capacity, W, Dk]   steps × slots
     self_v: Tensor | None = None  # the same, zeros in the slots no hypothesis took
     steps: int = 0  # steps written
-    capacity: int = 16  # steps and slots (hypotheses per sentence) to allocate room for at
-    width: int = 1  # first; more are made when needed
+    capacity: int = 16  # steps to make room for at first (grown when needed)
+    width: int = 1  # slots per step (hypotheses per sentence) to make room for at first
 
     def reorder(self, path: Tensor, sentences: Tensor | None = None) -> LayerCache:
         """The cache for reordered hypotheses (``path`` already reordered) and, when some

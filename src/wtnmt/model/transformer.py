@@ -169,9 +169,9 @@ class Seq2Seq(nn.Module):
         layers = []
         for layer, memory in zip(self.decoder_layers, enc.memories, strict=True):
             k, v = layer.cross_attn.attn.proj.keys_values(memory)  # [H, B, S, Dk] each
+            path = torch.zeros(k.size(1), 0, dtype=torch.long, device=k.device)
             # contiguous, so that every step's QKᵀ and PV are plain batched matmuls: the
             # projection's head-split views would be copied by matmul at every step
-            path = torch.zeros(k.size(1), 0, dtype=torch.long, device=k.device)
             layers.append(
                 LayerCache(
                     cross_k=k.contiguous(),
