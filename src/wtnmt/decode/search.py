@@ -155,12 +155,10 @@ def greedy_search(
     done = torch.zeros(b, dtype=torch.bool, device=src.device)
     log_prob = torch.zeros(b, device=src.device)
     lengths = torch.zeros(b, dtype=torch.long, device=src.device)
-    zero = torch.zeros(b, 1, device=src.device)
     for t in range(int(limit.max()) + 1):  # step t = limit forces EOS
         forced = limit.le(t) if t >= first_forced else None
         lprobs = _constrain(stepper(prefix), t, min_len, forced)  # [B, V]
-        best, _, token = top_extensions(lprobs[:, None], zero, 1)
-        best, token = best[:, 0], token[:, 0]
+        best, token = lprobs.max(dim=-1)  # one best: no gain in the two-stage top-k
         token = token.masked_fill(done, PAD)
         log_prob += best.masked_fill(done, 0.0)
         lengths += (~done).long()
