@@ -8,8 +8,9 @@ and 3.5 ms against 6.4 ms at N = 160 (beam 5 × 32 sentences): that projection i
 matmul of a decoding step.
 
 The packed copy is kept while the weight is unchanged (an in-place update bumps its version
-counter, loading another tensor changes its address). With gradients enabled, on another
-device or dtype, or where the build has no oneDNN, it is a plain ``F.linear``.
+counter, loading another tensor changes its address) and dropped as soon as gradients are
+enabled again (training). With gradients, on another device or dtype, or where the build has
+no oneDNN, it is a plain ``F.linear``.
 """
 
 from __future__ import annotations
@@ -51,9 +52,11 @@ class PackedLinear:
     def __call__(
         self, x: Tensor, weight: Tensor, bias: Tensor | None = None, *, key: object = None
     ) -> Tensor:
+        if torch.is_grad_enabled():  # training: the packed copy would only hold memory
+            self._key = self._packed = None
+            return F.linear(x, weight, bias)
         if (
-            torch.is_grad_enabled()
-            or x.device.type != "cpu"
+            x.device.type != "cpu"
             or x.dtype != torch.float32
             or weight.dtype != torch.float32
             or not onednn_available()
