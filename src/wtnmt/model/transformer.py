@@ -193,7 +193,7 @@ class Seq2Seq(nn.Module):
         x = self.embed(tokens[:, None], offset=cache.step)  # [N, 1, D]
         # this step's keys of a sentence's G hypotheses take slots 0 … G−1
         sentences = cache.layers[0].cross_k.size(1)
-        slot = torch.arange(tokens.size(0) // sentences, device=tokens.device).repeat(sentences)
+        slot = torch.arange(tokens.size(0), device=tokens.device) % (tokens.size(0) // sentences)
         path = cache.layers[0].path
         if cache.step == 0:  # the first step decides how many hypotheses there are
             path = path.new_zeros(tokens.size(0), 0)
