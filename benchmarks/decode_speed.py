@@ -18,6 +18,7 @@ medians of 3 (this machine's speed drifts by ±20% over minutes). The last line 
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import sys
 import time
@@ -108,6 +109,8 @@ def main() -> None:
         f"beam5   uncached: {n / uncached_s:8.0f} out tok/s on the first {n // LENGTH} "
         f"sentences (cached on the same: {n / cached_s:.0f})"
     )
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print(f"peak RSS (whole run, uncached decoding included): {rss:.2f} GiB")
     print(
         f"beam5 out tok/s: {results['beam5']:.0f}  greedy out tok/s: {results['greedy']:.0f}  "
         f"cache speed-up: {speedup:.1f}x"
