@@ -39,11 +39,13 @@ from wtnmt.special import EOS, PAD
 LENGTH = 24
 
 
-def batches(data: ParallelData, limit: int, size: int) -> list[torch.Tensor]:
-    """The first ``limit`` test sentences sorted by length, in batches of ``size``, as
-    fairseq's generate and `wtnmt translate` batch them."""
+def batches(
+    data: ParallelData, limit: int, size: int, *, by_length: bool = True
+) -> list[torch.Tensor]:
+    """The first ``limit`` test sentences sorted by length (as fairseq's generate and
+    `wtnmt translate` batch them) or in file order, in batches of ``size``."""
     n = min(limit, len(data))
-    order = sorted(range(n), key=lambda i: len(data.src[i]))
+    order = sorted(range(n), key=lambda i: len(data.src[i])) if by_length else list(range(n))
     out = []
     for start in range(0, n, size):
         rows = [[*data.src[i].tolist(), EOS] for i in order[start : start + size]]
@@ -80,6 +82,11 @@ def main() -> None:
         help="sentences decoded without the cache (it is slow)",
     )
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (median)")
+    parser.add_argument(
+        "--file-order",
+        action="store_true",
+        help="batch the sentences in file order, unsorted (as JoeyNMT's figures were taken)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(2)
     tune_cpu_allocator()
@@ -87,7 +94,7 @@ def main() -> None:
     data = ParallelData(args.work / "prepared", "test")
     torch.manual_seed(0)
     model = build_model(load_config("weighted-small").model, vocab_size=vocab).eval()
-    inputs = batches(data, args.limit, 32)
+    inputs = batches(data, args.limit, 32, by_length=not args.file_order)
     run(model, inputs[:1], beam=5, use_cache=True)  # warm-up
     rounds: dict[str, list[float]] = {"greedy": [], "beam5": []}
     for r in range(args.rounds):
