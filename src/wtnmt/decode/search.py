@@ -51,7 +51,7 @@ class _Stepper:
     """
 
     def __init__(self, model, src: Tensor, use_cache: bool, steps: int, group: int) -> None:  # type: ignore[no-untyped-def]
-        self.model, self.use_cache = model, use_cache
+        self.model = model
         self.enc = model.encode(src)
         self.cache = None
         if use_cache:  # room for ``steps`` steps of ``group`` hypotheses per sentence
