@@ -13,7 +13,7 @@ keeps the Transformer and the Weighted Transformer at the same parameter count.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -50,16 +50,19 @@ class LayerCache:
         sentences are done, for source sentences ``sentences`` [B'] only. The keys and values
         are shared with this cache, which is not to be used any more."""
 
-        def pick(t: Tensor | None) -> Tensor | None:
-            return None if t is None or sentences is None else t.index_select(1, sentences)
+        if sentences is None:
+            return replace(self, path=path)
 
-        return LayerCache(
-            cross_k=self.cross_k if sentences is None else pick(self.cross_k),  # type: ignore[arg-type]
-            cross_v=self.cross_v if sentences is None else pick(self.cross_v),  # type: ignore[arg-type]
+        def pick(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.index_select(1, sentences)
+
+        return replace(
+            self,
+            cross_k=pick(self.cross_k),
+            cross_v=pick(self.cross_v),
             path=path,
-            self_k=self.self_k if sentences is None else pick(self.self_k),
-            self_v=self.self_v if sentences is None else pick(self.self_v),
-            steps=self.steps,
+            self_k=pick(self.self_k),
+            self_v=pick(self.self_v),
         )
 
     def _room(self, k: Tensor, group: int) -> None:
