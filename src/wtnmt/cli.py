@@ -186,6 +186,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return main_demo(args)
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from wtnmt.serve.main import main_serve
+
+    return main_serve(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wtnmt", description="Weighted Transformer neural machine translation."
@@ -309,6 +315,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="override a key of the weighted-small preset",
     )
     p.set_defaults(func=cmd_demo)
+
+    from wtnmt.serve.main import add_arguments as add_serve_arguments
+
+    p = commands.add_parser(
+        "serve",
+        help="serve a trained run over HTTP: JSON API, web page, metrics",
+        description="Serve RUN_DIR over HTTP: POST /v1/translate (dynamic batching across "
+        "requests), GET /v1/model, /health, /ready, /metrics, and a web page at /. Needs the "
+        "serve extra: pip install 'wtnmt[serve]'.",
+    )
+    add_serve_arguments(p)
+    p.set_defaults(func=cmd_serve)
     return parser
 
 

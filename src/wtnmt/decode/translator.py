@@ -20,9 +20,10 @@ import torch
 
 from wtnmt.config import RunConfig, load_config
 from wtnmt.data.vocab import Vocabulary
+from wtnmt.decode.attention import LayerAttention, cross_attention
 from wtnmt.decode.search import Hypothesis, beam_search, greedy_search
 from wtnmt.errors import CheckpointError
-from wtnmt.model import build_model, override_branch_weights
+from wtnmt.model import BranchWeights, build_model, override_branch_weights
 from wtnmt.special import BOS, EOS, PAD
 from wtnmt.train.checkpoint import load_weights
 
@@ -31,6 +32,7 @@ from wtnmt.train.checkpoint import load_weights
 class Translation:
     text: str
     score: float  # length-normalised log-probability (beam) or log-probability (greedy)
+    ids: tuple[int, ...] = ()  # the output's piece ids, without BOS/EOS
 
 
 def _warn(message: str) -> None:
@@ -47,6 +49,8 @@ class Translator:
     ) -> None:
         self.model, self.vocab, self.config, self.device = model.eval(), vocab, config, device
         self.max_source = model.positions.max_positions - 1  # room for EOS
+        # whether there are κ, α to show or override (a Weighted Transformer)
+        self.has_branch_weights = any(isinstance(m, BranchWeights) for m in model.modules())
 
     @classmethod
     def load(
@@ -67,23 +71,30 @@ class Translator:
         override_branch_weights(self.model, how, seed=seed)  # type: ignore[arg-type]
 
     # ---------------------------------------------------------------------------------------
-    def _ids(
-        self, sentences: Sequence[str], warn: Callable[[str], None], first_line: int = 1
+    def encode(
+        self,
+        sentences: Sequence[str],
+        warn: Callable[[str], None] = _warn,
+        first_line: int = 1,
+        label: str = "line {}",
     ) -> list[list[int]]:
+        """Sentences → piece ids, each cut to the model's maximum source length (with a
+        warning naming it by ``label``, numbered from ``first_line``)."""
         ids = self.vocab.encode(sentences)
         for i, seq in enumerate(ids):
             if len(seq) > self.max_source:
                 warn(
-                    f"line {first_line + i}: {len(seq)} pieces, cut to the model's maximum of "
-                    f"{self.max_source}"
+                    f"{label.format(first_line + i)}: {len(seq)} pieces, cut to the model's "
+                    f"maximum of {self.max_source}"
                 )
                 ids[i] = seq[: self.max_source]
         return ids
 
-    def _batches(self, ids: list[list[int]]) -> list[list[int]]:
+    def _batches(self, ids: list[list[int]], budget: int) -> list[list[int]]:
         """Indices of non-empty sentences, grouped by length under the token budget."""
         order = sorted((i for i, s in enumerate(ids) if s), key=lambda i: len(ids[i]))
-        budget, batches, current = self.config.decode.batch_tokens, [], []
+        batches: list[list[int]] = []
+        current: list[int] = []
         for i in order:
             if current and (len(current) + 1) * (len(ids[i]) + 1) > budget:
                 batches.append(current)
@@ -114,11 +125,25 @@ class Translator:
     ) -> list[list[Translation]]:
         """The ``nbest`` best translations of each sentence, best first (an empty sentence
         gives one empty translation). Warnings number lines from ``first_line``."""
+        ids = self.encode(sentences, warn, first_line)
+        return self.translate_ids(ids, beam=beam, nbest=nbest, min_len=min_len, max_len=max_len)
+
+    def translate_ids(
+        self,
+        ids: list[list[int]],
+        *,
+        beam: int | None = None,
+        nbest: int = 1,
+        min_len: int = 0,
+        max_len: int | None = None,
+        batch_tokens: int | None = None,
+    ) -> list[list[Translation]]:
+        """``translate_nbest`` of sentences already encoded (``encode``): batches sorted by
+        length under ``batch_tokens`` padded source tokens (default: decode.batch_tokens)."""
         d = self.config.decode
         beam = d.beam if beam is None else beam
-        ids = self._ids(sentences, warn, first_line)
-        results: list[list[Translation]] = [[Translation("", 0.0)] for _ in sentences]
-        for batch in self._batches(ids):
+        results: list[list[Translation]] = [[Translation("", 0.0)] for _ in ids]
+        for batch in self._batches(ids, batch_tokens or d.batch_tokens):
             src = self._tensor([ids[i] for i in batch])
             hyps: list[list[Hypothesis]]
             if beam == 1 and nbest == 1:
@@ -146,8 +171,22 @@ class Translator:
                     max_len=max_len,
                 )
             for i, options in zip(batch, hyps, strict=True):
-                results[i] = [Translation(self.vocab.decode(h.tokens), h.score) for h in options]
+                results[i] = [
+                    Translation(self.vocab.decode(h.tokens), h.score, tuple(h.tokens))
+                    for h in options
+                ]
         return results
+
+    def cross_attention(
+        self, sources: list[list[int]], outputs: list[list[int]]
+    ) -> list[list[LayerAttention]]:
+        """Per sentence and decoder layer, where each branch (head) attended while producing
+        ``outputs`` from ``sources`` (piece ids, as ``encode`` and ``Translation.ids`` give)."""
+        return cross_attention(self.model, sources, outputs, device=self.device)
+
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        """Piece ids → their sentencepiece strings (for labelling attention maps)."""
+        return [self.vocab.sp.id_to_piece(int(i)) for i in ids]
 
     def translate(self, sentences: Sequence[str], *, beam: int | None = None) -> list[str]:
         return [n[0].text for n in self.translate_nbest(sentences, beam=beam)]
@@ -157,7 +196,7 @@ class Translator:
         """log P(hyp | src) of each pair under the model (EOS included)."""
         if len(src) != len(hyp):
             raise ValueError(f"score: {len(src)} sources but {len(hyp)} hypotheses")
-        src_ids, hyp_ids = self._ids(src, _warn), self._ids(hyp, _warn)
+        src_ids, hyp_ids = self.encode(src), self.encode(hyp)
         scores: list[float] = []
         for start in range(0, len(src), 64):
             s = self._tensor(src_ids[start : start + 64])

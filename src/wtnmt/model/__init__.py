@@ -3,6 +3,7 @@
 from wtnmt.model.branch_weights import (
     BranchWeights,
     branch_weight_table,
+    branch_weights_overridden,
     override_branch_weights,
 )
 from wtnmt.model.build import build_model
@@ -26,6 +27,7 @@ __all__ = [
     "ModelOutput",
     "Seq2Seq",
     "branch_weight_table",
+    "branch_weights_overridden",
     "build_model",
     "count_parameters",
     "override_branch_weights",

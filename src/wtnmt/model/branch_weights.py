@@ -13,6 +13,8 @@ weights in effect:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Literal
 
 import torch
@@ -74,6 +76,28 @@ def override_branch_weights(model: nn.Module, how: OverrideMode, *, seed: int = 
             module.reset(how, generator)
 
 
+@contextmanager
+def branch_weights_overridden(
+    model: nn.Module, how: OverrideMode, *, seed: int = 0
+) -> Iterator[None]:
+    """Evaluate with ``uniform`` or ``random`` κ, α inside the block (paper Table 3); the
+    learned values are put back on leaving it, even after an error."""
+    modules = [m for m in model.modules() if isinstance(m, BranchWeights)]
+    if how == "learned" or not modules:
+        yield
+        return
+    with torch.no_grad():
+        saved = [(m.kappa.clone(), m.alpha.clone()) for m in modules]
+    override_branch_weights(model, how, seed=seed)
+    try:
+        yield
+    finally:
+        with torch.no_grad():  # in place: the version bump retires every weight derived from them
+            for m, (kappa, alpha) in zip(modules, saved, strict=True):
+                m.kappa.copy_(kappa)
+                m.alpha.copy_(alpha)
+
+
 def branch_weight_table(model: nn.Module) -> dict[str, dict[str, list[float]]]:
     """Module name → {"kappa": [...], "alpha": [...]} of the weights in effect."""
     table = {}
@@ -91,6 +115,7 @@ def branch_weight_table(model: nn.Module) -> dict[str, dict[str, list[float]]]:
 __all__ = [
     "BranchWeights",
     "branch_weight_table",
+    "branch_weights_overridden",
     "override_branch_weights",
     "project_simplex",
 ]

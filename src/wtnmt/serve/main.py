@@ -1,0 +1,139 @@
+"""`wtnmt serve RUN_DIR`: options, checks, and uvicorn.
+
+Everything a user can get wrong (a limit, a busy port, a missing extra, a device the machine
+lacks) is checked before the model is loaded, and answered with one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+from wtnmt.config import ConfigError
+from wtnmt.serve.settings import API_KEY_ENV, ServeSettings
+
+_LIMITS = (  # option, type, help
+    ("--max-body-bytes", int, "largest request body (413 beyond it)"),
+    ("--max-sentences", int, "sentences per request (422 beyond it)"),
+    ("--max-chars", int, "characters per sentence (422 beyond it)"),
+    ("--max-beam", int, "largest beam and n-best a request may ask for (422 beyond it)"),
+    ("--max-queue", int, "sentences waiting for the model before requests get 429"),
+    ("--timeout", float, "seconds a request may wait for its translations (503 after it)"),
+    ("--batch-wait-ms", float, "how long the oldest queued sentence waits for company"),
+    ("--batch-tokens", int, "padded source tokens per batch"),
+    ("--max-batch-sentences", int, "sentences per batch (1: no batching)"),
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", help="a trained run directory (config.yaml, spm.model, weights)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: localhost)")
+    p.add_argument("--port", type=int, default=8000, help="port (0: any free one; default 8000)")
+    p.add_argument("--beam", type=int, help="default beam size (default: the run's decode.beam)")
+    p.add_argument("--threads", type=int, help="CPU threads for the model")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    p.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' (or set ${API_KEY_ENV})")
+    p.add_argument("--cors", metavar="ORIGIN", help="let pages from ORIGIN call the API")
+    defaults = ServeSettings()
+    for option, kind, text in _LIMITS:
+        name = option[2:].replace("-", "_")
+        p.add_argument(option, type=kind, help=f"{text} (default {getattr(defaults, name)})")
+    p.add_argument("--no-batching", action="store_true", help="translate one sentence at a time")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def settings_from_args(args: argparse.Namespace) -> ServeSettings:
+    limits = {
+        option[2:].replace("-", "_"): getattr(args, option[2:].replace("-", "_"))
+        for option, _, _ in _LIMITS
+    }
+    given = {name: value for name, value in limits.items() if value is not None}
+    if args.no_batching:
+        given["max_batch_sentences"] = 1
+    return ServeSettings(
+        **given,
+        beam=args.beam,
+        api_key=args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV),
+        cors_origin=args.cors,
+    )
+
+
+def _check_extras() -> None:
+    for module in ("fastapi", "uvicorn", "prometheus_client"):
+        try:
+            __import__(module)
+        except ImportError:
+            raise ConfigError(
+                f"wtnmt serve needs the 'serve' extra ({module} is not installed): "
+                f"pip install 'wtnmt[serve]'"
+            ) from None
+
+
+def _check_device(device: str) -> None:
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise ConfigError(f"--device {device!r}: not a device (cpu, cuda, cuda:1, ...)") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device}: this machine has no CUDA device; use --device cpu")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, or a one-line error saying why not."""
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"--port {port}: allowed 0 to 65535")
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family)
+    except OSError as e:
+        reason = os.strerror(e.errno) if e.errno else str(e)
+        raise ConfigError(f"cannot listen on {host}:{port}: {reason}") from None
+
+
+def main_serve(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    _check_extras()
+    _check_device(args.device)
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads {args.threads}: must be at least 1")
+    sock = bind(args.host, args.port)
+
+    import torch
+    import uvicorn
+
+    from wtnmt.decode.translator import Translator
+    from wtnmt.runtime import tune_cpu_allocator
+    from wtnmt.serve.app import create_app
+
+    tune_cpu_allocator()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    logging.basicConfig(format="%(levelname)s:     %(name)s: %(message)s")
+    logging.getLogger("wtnmt.serve").setLevel(args.log_level.upper())
+    run = Path(args.run_dir)
+    translator = Translator.load(run, device=args.device)
+    app = create_app(translator, settings, name=run.resolve().name)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(
+        f"wtnmt serve: {run} at http://{shown}:{port}/  (API: /v1/translate, docs: /docs; "
+        f"{'batching on' if settings.max_batch_sentences > 1 else 'no batching'}; Ctrl-C stops)",
+        file=sys.stderr,
+        flush=True,
+    )
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False))
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has shut down gracefully
+        pass
+    print("wtnmt serve: stopped", file=sys.stderr)
+    return 0
+
+
+__all__ = ["add_arguments", "bind", "main_serve", "settings_from_args"]

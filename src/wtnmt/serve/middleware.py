@@ -1,0 +1,100 @@
+"""ASGI middleware of the server: the request-body limit and per-request metrics.
+
+Plain ASGI rather than Starlette's ``BaseHTTPMiddleware``, which would stand between the
+endpoint and the connection's ``receive`` (the translate endpoint listens there for the
+client going away).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from wtnmt.serve.errors import ApiError
+from wtnmt.serve.metrics import Metrics
+
+
+async def send_json(send: Send, status: int, body: dict[str, Any]) -> None:
+    data = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(data)),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": data})
+
+
+class BodyLimit:
+    """413 for a request body over ``max_bytes``: at once when Content-Length says so, else as
+    soon as the streamed body passes the limit."""
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int, metrics: Metrics) -> None:
+        self.app, self.max_bytes, self.metrics = app, max_bytes, metrics
+
+    def _message(self, size: int | None) -> str:
+        what = f"{size:,} bytes" if size is not None else "more bytes than that"
+        return f"request body has {what}; at most {self.max_bytes:,} are accepted"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            self.metrics.rejections.labels(reason="body_too_large").inc()
+            body = {"detail": self._message(int(declared)), "limit": self.max_bytes}
+            await send_json(send, 413, body)
+            return
+        received = 0
+
+        async def counted_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:  # a body sent without its length
+                    raise ApiError(
+                        413, self._message(None), reason="body_too_large", limit=self.max_bytes
+                    )
+            return message
+
+        await self.app(scope, counted_receive, send)
+
+
+class RequestMetrics:
+    """Counts every answer by path and status; times translation requests."""
+
+    def __init__(self, app: ASGIApp, *, metrics: Metrics, paths: set[str]) -> None:
+        self.app, self.metrics, self.paths = app, metrics, paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500  # what the client gets if the app fails before answering
+
+        async def watched_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched_send)
+        finally:
+            path = scope["path"] if scope["path"] in self.paths else "other"
+            self.metrics.requests.labels(path=path, status=str(status)).inc()
+            if path == "/v1/translate":
+                self.metrics.request_seconds.observe(time.perf_counter() - start)
+
+
+__all__ = ["BodyLimit", "RequestMetrics", "send_json"]

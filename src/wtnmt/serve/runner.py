@@ -1,0 +1,95 @@
+"""What the model worker does with one batch: search, branch weights, attention maps.
+
+Every sentence of a batch shares one ``Search`` (the batcher only groups equal ones), so the
+branch-weight override of paper Table 3 (uniform or random κ, α) is switched on around the
+batch and the learned weights are back before the next one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from wtnmt.decode.translator import Translation, Translator
+from wtnmt.model import branch_weights_overridden
+from wtnmt.serve.metrics import Metrics
+
+BranchMode = Literal["learned", "uniform", "random"]
+
+
+@dataclass(frozen=True)
+class Search:
+    """How a request wants its sentences translated: the batching key."""
+
+    beam: int
+    nbest: int
+    branch_weights: BranchMode = "learned"
+    seed: int = 0  # of random branch weights
+
+
+@dataclass(frozen=True)
+class RequestPayload:
+    search: Search
+    attention: bool
+
+
+@dataclass(frozen=True)
+class SentenceResult:
+    options: list[Translation]  # n-best, best first
+    attention: dict[str, Any] | None  # JSON-ready maps, when the request asked for them
+
+
+class ModelRunner:
+    def __init__(self, translator: Translator, metrics: Metrics, *, batch_tokens: int) -> None:
+        self.translator = translator
+        self.metrics = metrics
+        self.batch_tokens = batch_tokens
+
+    def __call__(
+        self, ids: list[list[int]], payloads: list[RequestPayload]
+    ) -> list[SentenceResult]:
+        search = payloads[0].search
+        assert all(p.search == search for p in payloads), "the batcher mixed searches"
+        t = self.translator
+        with branch_weights_overridden(t.model, search.branch_weights, seed=search.seed):
+            outputs = t.translate_ids(
+                ids, beam=search.beam, nbest=search.nbest, batch_tokens=self.batch_tokens
+            )
+            wanted = [i for i, p in enumerate(payloads) if p.attention and ids[i]]
+            maps = t.cross_attention(
+                [ids[i] for i in wanted], [list(outputs[i][0].ids) for i in wanted]
+            )
+        attention: dict[int, dict[str, Any]] = {
+            i: self._attention_json(ids[i], outputs[i][0].ids, layers)
+            for i, layers in zip(wanted, maps, strict=True)
+        }
+        self.metrics.tokens.labels(side="source").inc(sum(map(len, ids)))
+        self.metrics.tokens.labels(side="target").inc(sum(len(o[0].ids) for o in outputs))
+        return [SentenceResult(outputs[i], attention.get(i)) for i in range(len(ids))]
+
+    def _attention_json(self, src: list[int], out: tuple[int, ...], layers) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+        t = self.translator
+        return {
+            "source": [*t.pieces(src), "</s>"],
+            "target": [*t.pieces(out), "</s>"],
+            "layers": [
+                {
+                    "layer": n,
+                    "kappa": layer.kappa,
+                    "alpha": layer.alpha,
+                    # [M][T][S]: branch (head) m, output token t, source token s
+                    "maps": [
+                        [[round(p, 4) for p in row] for row in m] for m in layer.maps.tolist()
+                    ],
+                }
+                for n, layer in enumerate(layers)
+            ],
+        }
+
+    def warmup(self) -> None:
+        """One translation before the server calls itself ready (first calls are slow)."""
+        t = self.translator
+        t.translate_ids(t.encode(["Hello, world."]), beam=t.config.decode.beam)
+
+
+__all__ = ["ModelRunner", "RequestPayload", "Search", "SentenceResult"]

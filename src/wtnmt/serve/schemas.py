@@ -1,0 +1,72 @@
+"""The JSON API's request and response bodies (version 1), as FastAPI documents them."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+
+class TranslateRequest(BaseModel):
+    # strict types and no unknown fields: "beam": "5" or a misspelt "nbset" is an error, not
+    # something silently converted or ignored
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    text: StrictStr | list[StrictStr] = Field(
+        description="one sentence, or a list of sentences translated in order"
+    )
+    beam: StrictInt | None = Field(None, description="beam size (default: the server's)")
+    nbest: StrictInt | None = Field(
+        None, description="also return the N best translations of each sentence (N ≤ beam)"
+    )
+    branch_weights: Literal["learned", "uniform", "random"] = Field(
+        "learned",
+        description="translate with the learned κ/α, or replace them by uniform or random "
+        "ones (paper Table 3; Weighted Transformer models only)",
+    )
+    seed: StrictInt = Field(0, description="seed of random branch weights")
+    attention: StrictBool = Field(
+        False, description="also return each sentence's cross-attention maps per branch"
+    )
+
+
+class Candidate(BaseModel):
+    text: str
+    score: float  # length-normalised log-probability (beam) or log-probability (greedy)
+
+
+class LayerMaps(BaseModel):
+    layer: int  # decoder layer, from 0
+    kappa: list[float] | None  # the branch weights in effect (None: multi-head attention)
+    alpha: list[float] | None
+    maps: list[list[list[float]]]  # [branch][target token][source token]
+
+
+class SentenceAttention(BaseModel):
+    source: list[str]  # source pieces, then </s>
+    target: list[str]  # output pieces, then </s>
+    layers: list[LayerMaps]
+
+
+class TranslateResponse(BaseModel):
+    translations: list[str]
+    nbest: list[list[Candidate]] | None = None
+    attention: list[SentenceAttention | None] | None = None  # None for an empty sentence
+    warnings: list[str] | None = None  # e.g. a sentence cut to the model's maximum length
+
+
+class ErrorResponse(BaseModel):
+    detail: str
+    field: str | None = None
+    index: int | None = None  # the offending sentence
+    limit: float | None = None  # the limit that was exceeded
+
+
+__all__ = [
+    "Candidate",
+    "ErrorResponse",
+    "LayerMaps",
+    "SentenceAttention",
+    "TranslateRequest",
+    "TranslateResponse",
+]

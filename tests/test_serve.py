@@ -1,0 +1,479 @@
+"""`wtnmt serve`: the API, its limits and errors, batching across requests, the command."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from helpers import sentence
+from serving import LiveServer, metric, train_tiny_run
+from wtnmt import Translator
+from wtnmt.cli import main as cli
+from wtnmt.model import BranchWeights, branch_weight_table, count_parameters
+from wtnmt.serve.app import create_app
+from wtnmt.serve.settings import ServeSettings
+
+SENTENCES = [sentence(40_000 + i, 2 + i % 4) for i in range(12)]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    return train_tiny_run(tmp_path_factory.mktemp("serve"))
+
+
+@pytest.fixture(scope="module")
+def translator(run_dir) -> Translator:
+    return Translator.load(run_dir)
+
+
+def serve(run_dir: Path, **settings) -> TestClient:  # type: ignore[no-untyped-def]
+    """A test client whose lifespan (worker, warm-up) runs inside ``with``."""
+    return TestClient(create_app(Translator.load(run_dir), ServeSettings(**settings)))
+
+
+@pytest.fixture(scope="module")
+def client(run_dir):
+    with serve(run_dir, max_sentences=4, max_chars=60, max_beam=6) as c:
+        yield c
+
+
+def test_health_ready_and_model(client, translator):
+    assert client.get("/health").json() == {"status": "ok"}
+    deadline = time.monotonic() + 30
+    while (ready := client.get("/ready")).status_code == 503:  # warming up
+        assert ready.json() == {"status": "loading"} and time.monotonic() < deadline
+        time.sleep(0.05)
+    assert ready.json() == {"status": "ready"}
+    info = client.get("/v1/model").json()
+    assert info["parameters"] == count_parameters(translator.model)
+    assert info["vocabulary_size"] == len(translator.vocab) == 60
+    assert (info["source_language"], info["target_language"]) == ("xx", "yy")
+    assert info["architecture"] == "weighted-transformer"
+    assert info["config"]["model"]["d_model"] == 64 and info["config"]["decode"]["beam"] == 4
+    table = branch_weight_table(translator.model)
+    assert {
+        w["layer"]: {"kappa": w["kappa"], "alpha": w["alpha"]} for w in info["branch_weights"]
+    } == table
+    assert info["limits"]["max_sentences"] == 4 and info["defaults"]["beam"] == 4
+
+
+def test_translations_come_in_input_order_and_equal_the_translator(client, translator):
+    lines = [SENTENCES[0], "", SENTENCES[1], SENTENCES[2]]
+    got = client.post("/v1/translate", json={"text": lines, "beam": 3, "nbest": 2}).json()
+    expected = translator.translate_nbest(lines, beam=3, nbest=2)
+    assert got["translations"] == [options[0].text for options in expected]
+    for mine, theirs in zip(got["nbest"], expected, strict=True):
+        assert [c["text"] for c in mine] == [t.text for t in theirs]
+        assert [c["score"] for c in mine] == pytest.approx([t.score for t in theirs], abs=1e-4)
+    # the scores tell the sentences apart (the tiny model's texts repeat): a mix-up would show
+    assert len({tuple(c["score"] for c in mine) for mine in got["nbest"]}) == 4
+    one = client.post("/v1/translate", json={"text": SENTENCES[3], "beam": 1}).json()
+    assert one == {"translations": translator.translate([SENTENCES[3]], beam=1)}
+
+
+def test_translations_equal_wtnmt_translate(client, run_dir, tmp_path):
+    (tmp_path / "in.txt").write_text("".join(s + "\n" for s in SENTENCES[:4]))
+    assert (
+        cli(
+            [
+                "translate",
+                str(run_dir),
+                "-i",
+                str(tmp_path / "in.txt"),
+                "-o",
+                str(tmp_path / "out.txt"),
+            ]
+        )
+        == 0
+    )
+    served = client.post("/v1/translate", json={"text": SENTENCES[:4]}).json()["translations"]
+    assert served == (tmp_path / "out.txt").read_text().splitlines()
+
+
+def test_attention_maps_per_branch_with_their_weights(client, translator):
+    got = client.post("/v1/translate", json={"text": [SENTENCES[4], ""], "attention": True}).json()
+    assert got["attention"][1] is None  # an empty sentence has none
+    a = got["attention"][0]
+    src_ids = translator.encode([SENTENCES[4]])[0]
+    out = translator.translate_nbest([SENTENCES[4]])[0][0]
+    assert a["source"] == [*translator.pieces(src_ids), "</s>"]
+    assert a["target"] == [*translator.pieces(out.ids), "</s>"]
+    table = branch_weight_table(translator.model)
+    assert len(a["layers"]) == 2
+    for n, layer in enumerate(a["layers"]):
+        maps = torch.tensor(layer["maps"])  # [M, T, S]
+        assert maps.shape == (4, len(a["target"]), len(a["source"]))
+        assert torch.allclose(maps.sum(-1), torch.ones(4, len(a["target"])), atol=1e-3)
+        assert layer["kappa"] == pytest.approx(table[f"decoder_layers.{n}.cross_attn"]["kappa"])
+        assert layer["alpha"] == pytest.approx(table[f"decoder_layers.{n}.cross_attn"]["alpha"])
+
+
+def test_replaced_branch_weights_translate_as_the_paper_table_and_come_back(run_dir, translator):
+    learned = {n: p.clone() for n, p in translator.model.named_parameters() if "branch" in n}
+    with serve(run_dir) as client:
+        server_model = client.app.state.batcher._translate.translator.model
+        before = client.post("/v1/translate", json={"text": SENTENCES[:6]}).json()
+        uniform = client.post(
+            "/v1/translate",
+            json={"text": SENTENCES[:6], "branch_weights": "uniform", "attention": True},
+        ).json()
+        assert all(layer["kappa"] == [0.25] * 4 for layer in uniform["attention"][0]["layers"])
+        random = client.post(
+            "/v1/translate", json={"text": SENTENCES[:6], "branch_weights": "random", "seed": 3}
+        ).json()
+        after = client.post("/v1/translate", json={"text": SENTENCES[:6]}).json()
+    for how, answer in (("uniform", uniform), ("random", random)):
+        replaced = Translator.load(run_dir)
+        replaced.set_branch_weights(how, seed=3)
+        assert answer["translations"] == replaced.translate(SENTENCES[:6])
+    assert after == before  # the learned weights are back, and so are their translations
+    for name, param in server_model.named_parameters():
+        if name in learned:
+            assert torch.equal(param, learned[name])
+    assert any(isinstance(m, BranchWeights) for m in server_model.modules())
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "detail", "extra"),
+    [
+        (
+            {"text": ["a"] * 5},
+            422,
+            "text has 5 sentences; at most 4 are accepted per request",
+            {"field": "text", "limit": 4},
+        ),
+        (
+            {"text": ["a", "b" * 61]},
+            422,
+            "text[1] has 61 characters; at most 60 are accepted per sentence",
+            {"field": "text", "index": 1, "limit": 60},
+        ),
+        (
+            {"text": "a", "beam": 0},
+            422,
+            "beam=0 is out of range: 1 to 6",
+            {"field": "beam", "limit": 6},
+        ),
+        (
+            {"text": "a", "beam": 7},
+            422,
+            "beam=7 is out of range: 1 to 6",
+            {"field": "beam", "limit": 6},
+        ),
+        (
+            {"text": "a", "beam": 2, "nbest": 3},
+            422,
+            "nbest=3 is out of range: 1 to the beam size (2)",
+            {"field": "nbest", "limit": 2},
+        ),
+        (
+            {"text": "a", "nbest": 0},
+            422,
+            "nbest=0 is out of range: 1 to the beam size (4)",
+            {"field": "nbest", "limit": 4},
+        ),
+        ({"text": 5}, 422, "text must be a string or a list of strings", {"field": "text"}),
+        (
+            {"text": ["a", 3]},
+            422,
+            "text must be a string or a list of strings; text[1] is not a string",
+            {"field": "text", "index": 1},
+        ),
+        (
+            {"text": "a", "beam": "5"},
+            422,
+            "beam: Input should be a valid integer (got '5')",
+            {"field": "beam"},
+        ),
+        (
+            {"text": "a", "attention": "yes"},
+            422,
+            "attention: Input should be a valid boolean (got 'yes')",
+            {"field": "attention"},
+        ),
+        (
+            {"text": "a", "branch_weights": "best"},
+            422,
+            "branch_weights: Input should be 'learned', 'uniform' or 'random' (got 'best')",
+            {"field": "branch_weights"},
+        ),
+        (
+            {"text": "a", "nbset": 2},
+            422,
+            "unknown field 'nbset'; the fields are: text, beam, nbest, branch_weights, seed, "
+            "attention",
+            {"field": "nbset"},
+        ),
+        ({"beam": 2}, 422, "the field 'text' is required", {"field": "text"}),
+        ([1, 2], 422, 'the request body must be a JSON object such as {"text": "Hello."}', {}),
+    ],
+)
+def test_every_bad_request_names_what_is_wrong(client, body, status, detail, extra):
+    r = client.post("/v1/translate", json=body)
+    assert (r.status_code, r.json()) == (status, {"detail": detail, **extra})
+
+
+def test_bad_json_and_oversized_bodies(run_dir, client):
+    r = client.post(
+        "/v1/translate", content=b'{"text": "a",', headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 422 and r.json()["detail"].startswith(
+        "the request body is not valid JSON"
+    )
+    with serve(run_dir, max_body_bytes=100) as small:
+        body = json.dumps({"text": "a" * 200}).encode()
+        r = small.post("/v1/translate", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 413
+        assert r.json() == {
+            "detail": f"request body has {len(body)} bytes; at most 100 are accepted",
+            "limit": 100,
+        }
+
+        def chunks():  # no Content-Length: the limit is found while reading
+            yield b'{"text": "'
+            yield b"a" * 200
+            yield b'"}'
+
+        r = small.post(
+            "/v1/translate", content=chunks(), headers={"content-type": "application/json"}
+        )
+        assert r.status_code == 413
+        assert r.json() == {
+            "detail": "request body has more bytes than that; at most 100 are accepted",
+            "limit": 100,
+        }
+        assert small.get("/health").status_code == 200  # and the server is still there
+
+
+def test_queue_full_is_429_with_retry_after_and_waiting_too_long_is_503(run_dir):
+    # without its lifespan the app's worker never starts: requests stay queued
+    app = create_app(
+        Translator.load(run_dir), ServeSettings(max_queue=2, max_sentences=2, timeout=0.5)
+    )
+
+    async def main():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            waiting = asyncio.ensure_future(c.post("/v1/translate", json={"text": ["a", "b"]}))
+            await asyncio.sleep(0.1)
+            full = await c.post("/v1/translate", json={"text": "c"})
+            late = await waiting
+            return full, late, await c.get("/metrics")
+
+    full, late, metrics = asyncio.run(main())
+    assert full.status_code == 429 and full.headers["retry-after"] == "1"
+    assert full.json() == {
+        "detail": "queue full: 2 sentences waiting, limit 2; retry in 1 s",
+        "limit": 2,
+    }
+    assert late.status_code == 503
+    assert late.json() == {
+        "detail": "no translation within the request timeout of 0.5 s",
+        "limit": 0.5,
+    }
+    assert metric(metrics.text, "wtnmt_rejections_total", 'reason="queue_full"') == 1
+    assert metric(metrics.text, "wtnmt_rejections_total", 'reason="timeout"') == 1
+    assert metric(metrics.text, "wtnmt_dropped_sentences_total") == 2
+
+
+def test_a_failed_translation_is_500_and_the_server_goes_on(run_dir, monkeypatch):
+    with serve(run_dir) as client:
+        translator = client.app.state.batcher._translate.translator
+        original = translator.translate_ids
+        monkeypatch.setattr(translator, "translate_ids", lambda *a, **k: 1 / 0)
+        r = client.post("/v1/translate", json={"text": "alpha"})
+        assert r.status_code == 500
+        assert r.json() == {
+            "detail": "translation failed (ZeroDivisionError); the server's log has the details"
+        }
+        monkeypatch.setattr(translator, "translate_ids", original)
+        assert client.post("/v1/translate", json={"text": "alpha"}).status_code == 200
+
+
+def test_transformer_models_have_no_branch_weights_to_replace(tmp_path):
+    with serve(train_tiny_run(tmp_path, attention="multihead")) as client:
+        assert client.get("/v1/model").json()["branch_weights"] == []
+        r = client.post("/v1/translate", json={"text": "a", "branch_weights": "uniform"})
+        assert r.status_code == 422
+        assert r.json() == {
+            "detail": "branch_weights='uniform': this model has no branch weights "
+            "(model.attention: multihead)",
+            "field": "branch_weights",
+        }
+        layer = client.post("/v1/translate", json={"text": "a b", "attention": True}).json()[
+            "attention"
+        ][0]["layers"][0]
+        assert layer["kappa"] is None and len(layer["maps"]) == 4  # heads, not branches
+
+
+def test_api_key_and_cors(run_dir):
+    with serve(run_dir, api_key="s3cret", cors_origin="http://app.example") as client:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            r = client.post("/v1/translate", json={"text": "a"}, headers=headers)
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+            assert r.json() == {
+                "detail": "missing or wrong API key: send the header 'Authorization: Bearer KEY'"
+            }
+        assert (
+            client.get("/metrics").status_code == 401 and client.get("/v1/model").status_code == 401
+        )
+        ok = {"Authorization": "Bearer s3cret"}
+        assert client.post("/v1/translate", json={"text": "a"}, headers=ok).status_code == 200
+        assert client.get("/health").status_code == 200 and client.get("/").status_code == 200
+        preflight = {"Origin": "http://app.example", "Access-Control-Request-Method": "POST"}
+        r = client.options("/v1/translate", headers=preflight)
+        assert r.headers["access-control-allow-origin"] == "http://app.example"
+        r = client.options("/v1/translate", headers={**preflight, "Origin": "http://other.example"})
+        assert "access-control-allow-origin" not in r.headers
+    with serve(run_dir) as client:  # CORS is off by default
+        r = client.post(
+            "/v1/translate", json={"text": "a"}, headers={"Origin": "http://app.example"}
+        )
+        assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+
+
+def test_concurrent_requests_are_translated_in_shared_batches(run_dir, translator):
+    app = create_app(Translator.load(run_dir), ServeSettings(batch_wait_ms=300))
+
+    async def main(url):
+        async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+            answers = await asyncio.gather(
+                *(c.post("/v1/translate", json={"text": [s], "nbest": 2}) for s in SENTENCES)
+            )
+            return [a.json() for a in answers], (await c.get("/metrics")).text
+
+    with LiveServer(app) as server:
+        answers, metrics = asyncio.run(main(server.url))
+    expected = translator.translate_nbest(SENTENCES, nbest=2)
+    assert [a["translations"] for a in answers] == [[e[0].text] for e in expected]
+    scores = [tuple(c["score"] for c in a["nbest"][0]) for a in answers]
+    assert len(set(scores)) == len(SENTENCES)  # each answer is its own sentence's
+    for mine, theirs in zip(scores, expected, strict=True):
+        assert mine == pytest.approx([t.score for t in theirs], abs=1e-4)
+    # the warm-up translation goes around the queue, so these count the requests' batches only
+    assert metric(metrics, "wtnmt_batch_sentences_sum") == len(SENTENCES)
+    assert 1 <= metric(metrics, "wtnmt_batches_total") < len(SENTENCES) / 2
+    assert metric(metrics, "wtnmt_batch_requests_sum") == len(
+        SENTENCES
+    )  # requests per batch, summed
+    assert metric(metrics, "wtnmt_batch_sentences_bucket", 'le="1.0"') < metric(
+        metrics, "wtnmt_batches_total"
+    )
+
+
+def test_a_client_that_goes_away_has_its_queued_sentences_dropped(run_dir):
+    # the oldest sentence waits 3 s for company: time enough to leave before it is batched
+    app = create_app(Translator.load(run_dir), ServeSettings(batch_wait_ms=3000))
+    with LiveServer(app) as server:
+        body = json.dumps({"text": SENTENCES[:3]}).encode()
+        with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1]))) as s:
+            s.sendall(
+                b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            time.sleep(0.3)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            metrics = httpx.get(server.url + "/metrics").text
+            if metric(metrics, "wtnmt_dropped_sentences_total"):
+                break
+            time.sleep(0.05)
+        time.sleep(3.2)  # past the batching window: nothing of it may be translated
+        metrics = httpx.get(server.url + "/metrics").text
+    assert metric(metrics, "wtnmt_dropped_sentences_total") == 3
+    assert metric(metrics, "wtnmt_rejections_total", 'reason="disconnected"') == 1
+    assert metric(metrics, "wtnmt_sentences_total") == 0
+    assert metric(metrics, "wtnmt_queue_depth") == 0
+
+
+def test_metrics_count_requests_sentences_tokens_and_latency(client):
+    client.post("/v1/translate", json={"text": SENTENCES[:2]})
+    text = client.get("/metrics").text
+    assert metric(text, "wtnmt_requests_total", 'path="/v1/translate",status="200"') >= 1
+    assert metric(text, "wtnmt_requests_total", 'path="/v1/translate",status="422"') >= 1
+    assert metric(text, "wtnmt_sentences_total") >= 2
+    assert metric(text, "wtnmt_tokens_total", 'side="source"') > 0
+    assert metric(text, "wtnmt_tokens_total", 'side="target"') > 0
+    assert metric(text, "wtnmt_request_seconds_count") >= 1
+    assert metric(text, "wtnmt_queue_depth") == 0
+
+
+def test_openapi_documents_the_api(client):
+    spec = client.get("/openapi.json").json()
+    assert {"/v1/translate", "/v1/model", "/health", "/ready", "/metrics"} <= set(spec["paths"])
+    responses = spec["paths"]["/v1/translate"]["post"]["responses"]
+    assert {"200", "401", "413", "422", "429", "503"} <= set(responses)
+
+
+# --------------------------------------------------------------------------------------------
+# The command
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-queue", "0"], "--max-queue 0: must be a whole number ≥ 1"),
+        (
+            ["--max-sentences", "50", "--max-queue", "10"],
+            "--max-queue 10 is less than --max-sentences 50",
+        ),
+        (["--beam", "40"], "--beam 40: allowed 1 to --max-beam 16"),
+        (["--timeout", "0"], "--timeout 0.0: must be more than 0 seconds"),
+        (["--port", "70000"], "--port 70000: allowed 0 to 65535"),
+        (
+            ["--device", "cuda:0"] if not torch.cuda.is_available() else ["--device", "nope"],
+            "--device",
+        ),
+        (["--threads", "0"], "--threads 0: must be at least 1"),
+        (["--api-key", " "], "the API key (--api-key or $WTNMT_API_KEY) is empty"),
+    ],
+)
+def test_serve_refuses_bad_options_in_one_line(run_dir, capsys, args, message):
+    assert cli(["serve", str(run_dir), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("wtnmt serve: error: ") and message in err
+
+
+def test_serve_refuses_a_busy_port_and_a_missing_run(run_dir, tmp_path, capsys):
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        assert cli(["serve", str(run_dir), "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"wtnmt serve: error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+    assert cli(["serve", str(tmp_path / "nothing"), "--port", "0"]) == 2
+    assert "no config.yaml there; is it a wtnmt run directory?" in capsys.readouterr().err
+
+
+def test_wtnmt_serve_runs_as_the_readme_says(run_dir):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wtnmt.cli", "serve", str(run_dir), "--port", "0", "--threads", "1"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        line = proc.stderr.readline()
+        assert line.startswith(f"wtnmt serve: {run_dir} at http://127.0.0.1:"), line
+        url = line.split(" at ")[1].split("/ ")[0]
+        deadline = time.monotonic() + 60
+        while httpx.get(url + "/ready").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        r = httpx.post(url + "/v1/translate", json={"text": SENTENCES[0]})
+        assert r.json() == {"translations": Translator.load(run_dir).translate([SENTENCES[0]])}
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
