@@ -62,7 +62,16 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def create_app(translator: Translator, settings: ServeSettings, *, name: str = "model") -> FastAPI:
+def create_app(
+    translator: Translator,
+    settings: ServeSettings,
+    *,
+    name: str = "model",
+    worker_thread: bool = True,
+) -> FastAPI:
+    """The server's app. With ``worker_thread`` the app starts its model worker in a thread
+    when it starts; without, the caller runs ``app.state.batcher.run(app.state.warmup)`` in
+    the thread that loaded the model (`wtnmt serve` does: see ``Batcher.run``)."""
     metrics = Metrics()
     runner = ModelRunner(translator, metrics, batch_tokens=settings.batch_tokens)
     batcher = Batcher(
@@ -78,7 +87,8 @@ def create_app(translator: Translator, settings: ServeSettings, *, name: str = "
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
-        batcher.start(warmup=runner.warmup)
+        if worker_thread:
+            batcher.start(warmup=runner.warmup)
         try:
             yield
         finally:
@@ -91,7 +101,7 @@ def create_app(translator: Translator, settings: ServeSettings, *, name: str = "
         f"{info['target_language']}",
         lifespan=lifespan,
     )
-    app.state.batcher, app.state.metrics = batcher, metrics
+    app.state.batcher, app.state.metrics, app.state.warmup = batcher, metrics, runner.warmup
     bearer = HTTPBearer(auto_error=False, description="the server's --api-key, when it has one")
 
     async def require_key(

@@ -1,0 +1,108 @@
+"""The web page in a real headless Chromium (Debian's chromium + chromium-driver).
+
+Skips, saying why, where Chromium, its driver or selenium is missing; `.ci/run` installs them.
+Set WTNMT_SCREENSHOT=FILE.png to keep the screenshot the test takes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from helpers import sentence
+from serving import LiveServer, train_tiny_run
+from wtnmt import Translator
+from wtnmt.model import branch_weight_table
+from wtnmt.serve.app import create_app
+from wtnmt.serve.settings import ServeSettings
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
+if CHROMIUM is None or DRIVER is None:
+    pytest.skip(
+        "no Chromium here: apt-get install chromium chromium-driver", allow_module_level=True
+    )
+
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    # headless, as root in a container, on a machine whose network is closed
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1280,1500",
+        f"--user-data-dir={tmp_path_factory.mktemp('chromium')}",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=DRIVER))
+    yield driver
+    driver.quit()
+
+
+def test_the_page_translates_as_you_type_and_shows_branches(browser, tmp_path):
+    run = train_tiny_run(tmp_path)
+    translator = Translator.load(run)
+    text = sentence(50_000, 4)
+    expected = translator.translate([text])[0]
+    table = branch_weight_table(translator.model)
+    app = create_app(Translator.load(run), ServeSettings())
+    wait = WebDriverWait(browser, 30)
+    with LiveServer(app) as server:
+        browser.get(server.url + "/")
+        # the κ/α bars: every branched layer, κ and α, one bar per branch
+        bars = wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "#bars .bar") or None)
+        assert len(bars) == sum(2 * len(w["kappa"]) for w in table.values())
+        first = table["encoder_layers.0.self_attn"]["kappa"]
+        shown = [bar.get_attribute("title") for bar in bars[: len(first)]]
+        assert shown == [f"κ{i + 1} = {k:.4f}" for i, k in enumerate(first)]
+
+        browser.find_element(By.ID, "src").send_keys(text)  # no button: it translates itself
+        wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "#out .out-line .text"))
+        out = browser.find_element(By.CSS_SELECTOR, "#out .out-line .text")
+        assert out.text == expected
+
+        # one attention map per branch of the chosen decoder layer, titled with its κ and α
+        maps = wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "#attn svg.attn-map"))
+        assert len(maps) == 4
+        pieces = len(translator.encode([text])[0]) + 1
+        rows = len(translator.translate_nbest([text])[0][0].ids) + 1
+        assert len(maps[0].find_elements(By.TAG_NAME, "rect")) == rows * pieces
+        titles = [t.text for t in browser.find_elements(By.CSS_SELECTOR, "#attn .title")]
+        cross = table["decoder_layers.0.cross_attn"]
+        assert titles[0] == f"branch 1 · κ {cross['kappa'][0]:.3f} · α {cross['alpha'][0]:.3f}"
+
+        browser.find_element(By.CSS_SELECTOR, '#layer-buttons [data-layer="1"]').click()
+        cross = table["decoder_layers.1.cross_attn"]
+        want = f"branch 1 · κ {cross['kappa'][0]:.3f} · α {cross['alpha'][0]:.3f}"
+        wait.until(lambda b: b.find_element(By.CSS_SELECTOR, "#attn .title").text == want)
+
+        # paper Table 3, live: the same sentence with uniform branch weights
+        browser.find_element(By.CSS_SELECTOR, '#mode [data-mode="uniform"]').click()
+        uniform = "branch 1 · κ 0.250 · α 0.250"
+        wait.until(lambda b: b.find_element(By.CSS_SELECTOR, "#attn .title").text == uniform)
+        assert "uniform branch weights" in browser.find_element(By.ID, "status").text
+
+        shot = Path(os.environ.get("WTNMT_SCREENSHOT") or tmp_path / "page.png")
+        assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+        # the page asked for nothing outside the server
+        hosts = browser.execute_script(
+            "return performance.getEntriesByType('resource').map(e => new URL(e.name).host)"
+        )
+        assert set(hosts) <= {server.url.removeprefix("http://")}
