@@ -87,7 +87,7 @@ async def load(
 ) -> dict[str, object]:
     """``concurrency`` clients, each sending one sentence at a time, until time or count."""
     latencies: list[float] = []
-    statuses: Counter[int] = Counter()
+    statuses: Counter[int | str] = Counter()
     sent = 0
     stop_at = time.monotonic() + seconds
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -101,8 +101,8 @@ async def load(
             try:
                 r = await c.post("/v1/translate", json={"text": text})
                 statuses[r.status_code] += 1
-            except httpx.TransportError:
-                statuses[0] += 1  # no answer at all
+            except httpx.TransportError as e:  # no answer at all
+                statuses[f"no answer ({type(e).__name__})"] += 1
             latencies.append(time.monotonic() - start)
 
     start = time.monotonic()

@@ -11,6 +11,7 @@ from wtnmt.config import ModelConfig, load_config
 from wtnmt.model import (
     BranchWeights,
     branch_weight_table,
+    branch_weights_overridden,
     build_model,
     count_parameters,
     override_branch_weights,
@@ -301,6 +302,23 @@ def test_branch_weight_override(mode):
         "decoder_layers.0.cross_attn",
         "decoder_layers.1.cross_attn",
     }
+
+
+@pytest.mark.parametrize("mode", ["simplex", "softmax"])
+def test_overridden_branch_weights_come_back_after_the_block(mode):
+    model = make("weighted" if mode == "simplex" else "weighted-softmax-learned").eval()
+    src, tgt = batch()
+    learned, before = branch_weight_table(model), model(src, tgt).logits
+    with branch_weights_overridden(model, "uniform"):
+        for weights in branch_weight_table(model).values():
+            assert weights["kappa"] == pytest.approx([0.25] * 4)
+        assert not torch.equal(model(src, tgt).logits, before)
+    assert branch_weight_table(model) == learned
+    with pytest.raises(RuntimeError, match="in the middle"):
+        with branch_weights_overridden(model, "random", seed=1):
+            raise RuntimeError("in the middle")
+    assert branch_weight_table(model) == learned  # back even after an error
+    torch.testing.assert_close(model(src, tgt).logits, before, rtol=0, atol=0)
 
 
 def test_build_model_rejects_a_vocabulary_without_room_for_padding():

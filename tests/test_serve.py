@@ -494,3 +494,16 @@ def test_answers_on_a_kept_alive_connection_are_not_held_back(run_dir):
             assert c.get("/health").status_code == 200
             times.append(time.perf_counter() - start)
     assert sorted(times)[7] < 0.02, times  # median; it was 0.044 s
+
+
+def test_the_api_key_can_come_from_the_environment(monkeypatch):
+    from wtnmt.cli import build_parser
+    from wtnmt.serve.main import settings_from_args
+
+    monkeypatch.setenv("WTNMT_API_KEY", "from-env")
+    args = build_parser().parse_args(["serve", "run", "--no-batching", "--max-queue", "500"])
+    settings = settings_from_args(args)
+    assert settings.api_key == "from-env"
+    assert settings.max_batch_sentences == 1 and settings.max_queue == 500
+    args = build_parser().parse_args(["serve", "run", "--api-key", "given"])
+    assert settings_from_args(args).api_key == "given"  # the option wins

@@ -113,6 +113,12 @@ def bind(host: str, port: int) -> socket.socket:
         raise ConfigError(f"cannot listen on {host}:{port}: {reason}") from None
 
 
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    return ipaddress.ip_address(host).is_loopback
+
+
 def main_serve(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     _check_extras()
@@ -138,6 +144,12 @@ def main_serve(args: argparse.Namespace) -> int:
     app = create_app(translator, settings, name=run.resolve().name, worker_thread=False)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
+    if settings.api_key is None and not _loopback(host):
+        print(
+            f"wtnmt serve: warning: listening on {host}, beyond this machine, with no API key "
+            f"(--api-key or ${API_KEY_ENV})",
+            file=sys.stderr,
+        )
     print(
         f"wtnmt serve: {run} at http://{shown}:{port}/  (API: /v1/translate, docs: /docs; "
         f"{'batching on' if settings.max_batch_sentences > 1 else 'no batching'}; Ctrl-C stops)",
