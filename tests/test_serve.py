@@ -266,6 +266,8 @@ def test_queue_full_is_429_with_retry_after_and_waiting_too_long_is_503(run_dir)
     async def main():
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            loading = await c.get("/ready")  # no warm-up translation yet
+            assert (loading.status_code, loading.json()) == (503, {"status": "loading"})
             waiting = asyncio.ensure_future(c.post("/v1/translate", json={"text": ["a", "b"]}))
             await asyncio.sleep(0.1)
             full = await c.post("/v1/translate", json={"text": "c"})
@@ -507,3 +509,18 @@ def test_the_api_key_can_come_from_the_environment(monkeypatch):
     assert settings.max_batch_sentences == 1 and settings.max_queue == 500
     args = build_parser().parse_args(["serve", "run", "--api-key", "given"])
     assert settings_from_args(args).api_key == "given"  # the option wins
+
+
+def test_the_base_install_stays_light_and_a_missing_extra_is_one_line(run_dir, monkeypatch, capsys):
+    code = (
+        "import sys, wtnmt.cli; wtnmt.cli.build_parser(); "
+        "print(sorted(m for m in ('fastapi', 'uvicorn', 'torch') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"  # the command line loads neither the server nor torch
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if the serve extra were missing
+    assert cli(["serve", str(run_dir)]) == 2
+    assert capsys.readouterr().err == (
+        "wtnmt serve: error: wtnmt serve needs the 'serve' extra (uvicorn is not installed): "
+        "pip install 'wtnmt[serve]'\n"
+    )

@@ -97,7 +97,7 @@ def create_app(
     app = FastAPI(
         title="wtnmt",
         version=__version__,
-        summary=f"Weighted Transformer translation: {info['source_language']}→"
+        summary=f"{info['architecture']} translation, {info['source_language']}→"
         f"{info['target_language']}",
         lifespan=lifespan,
     )
@@ -137,9 +137,11 @@ def create_app(
         detail = f"internal error ({type(error).__name__}); the server's log has the details"
         return JSONResponse({"detail": detail}, status_code=500)
 
+    page_html = resources.files("wtnmt.serve").joinpath("page.html").read_text(encoding="utf-8")
+
     @app.get("/", include_in_schema=False)
     async def page() -> HTMLResponse:
-        return HTMLResponse(resources.files("wtnmt.serve").joinpath("page.html").read_text())
+        return HTMLResponse(page_html)
 
     @app.get("/health", summary="the process is alive")
     async def health() -> dict[str, str]:

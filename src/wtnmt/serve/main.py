@@ -157,8 +157,16 @@ def main_serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False))
+    batcher = app.state.batcher
+
+    def serve_http() -> None:
+        try:
+            server.run(sockets=[sock])
+        finally:  # however uvicorn ends, the model's loop below ends with it
+            batcher.stop()
+
     # HTTP in a thread; the model's work here, in the thread that loaded it (Batcher.run)
-    http = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="http")
+    http = threading.Thread(target=serve_http, name="http")
 
     def shut_down(signum: int, frame: object) -> None:
         # the first Ctrl-C or SIGTERM lets requests in flight finish; a second one does not
@@ -169,8 +177,11 @@ def main_serve(args: argparse.Namespace) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, shut_down)
     http.start()
-    app.state.batcher.run(warmup=app.state.warmup)  # returns once the app has shut down
-    http.join()
+    try:
+        batcher.run(warmup=app.state.warmup)  # returns once the app has shut down
+    finally:
+        server.should_exit = True
+        http.join()
     print("wtnmt serve: stopped", file=sys.stderr)
     return 0
 
