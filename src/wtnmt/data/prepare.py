@@ -241,6 +241,29 @@ def _build(
     return {"corpus": corpus_level, "vocab_size": len(vocab), "splits": splits}
 
 
+def made_by_prepare(directory: Path) -> bool:
+    """Whether ``directory`` holds a manifest that ``prepare`` wrote."""
+    try:
+        manifest = json.loads((directory / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and {"version", "fingerprint", "inputs"} <= manifest.keys()
+
+
+def check_output_directory(out: Path) -> None:
+    """Refuse, before any work, an ``out`` that is not ours to replace: a file, or a
+    non-empty directory that ``prepare`` did not make (a corpus folder, the working
+    directory). Nothing a user gave us is ever moved or deleted."""
+    if out.exists() and not out.is_dir():
+        raise DataError(f"{out}: is a file; --out names the directory to prepare into")
+    if out.is_dir() and any(out.iterdir()) and not made_by_prepare(out):
+        raise DataError(
+            f"{out}: this directory was not made by wtnmt prepare (it has no manifest.json of "
+            f"ours) and is not empty; refusing to replace it: give --out a new or empty "
+            f"directory"
+        )
+
+
 def prepare(
     config: DataConfig,
     out: str | Path,
@@ -249,7 +272,8 @@ def prepare(
     force: bool = False,
 ) -> dict[str, Any]:
     """Build (or reuse) the prepared directory ``out`` for ``config``; returns the summary."""
-    out = Path(out)
+    out = Path(out).resolve()  # `--out .` names the working directory, not an empty name
+    check_output_directory(out)
     start = time.perf_counter()
     source = _source(config)
     key, manifest = fingerprint(config, source.files)
