@@ -362,3 +362,17 @@ def test_tensorboard_events_when_tensorboard_is_installed(tmp_path, monkeypatch)
     assert {"loss", "lr", "tokens_per_s", "valid_loss"} <= keys
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert ("loss", logged[0]["loss"], 2) in scalars  # the same values as metrics.jsonl
+
+
+def test_dev_bleu_survives_a_line_separator_inside_a_reference(tmp_path):
+    # str.splitlines() also splits on U+2028, U+0085 and form feeds: the references then
+    # outnumbered the dev sentences and dev BLEU silently switched off
+    config = tiny_run_config(tmp_path, train={"max_steps": 3, "valid_every": 3})
+    tgt = Path(config.data.valid_tgt)
+    lines = tgt.read_text(encoding="utf-8").split("\n")
+    lines[0] = lines[0].replace(" ", "\u2028", 1)
+    lines[1] = lines[1].replace(" ", "\x0c", 1)
+    tgt.write_text("\n".join(lines), encoding="utf-8")
+    Trainer(config, tmp_path / "run", **QUIET).run()
+    entries = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert any("valid_bleu" in e for e in entries)

@@ -21,6 +21,7 @@ import torch
 from wtnmt.analysis import branch_weight_rows, plot_branch_weights
 from wtnmt.config import load_config
 from wtnmt.data.corpora import CORPORA
+from wtnmt.data.io import decode_lines, read_bytes
 from wtnmt.decode.evaluate import score_corpus
 from wtnmt.decode.translator import Translator
 from wtnmt.model import branch_weight_table
@@ -71,8 +72,9 @@ def run_demo(
     # evaluate the best weights by validation loss, as `wtnmt translate` will use them
     translator = Translator.load(out)
     data_dir = trainer.data_dir
-    src = (data_dir / "test.en").read_text(encoding="utf-8").splitlines()
-    refs = (data_dir / "test.de").read_text(encoding="utf-8").splitlines()
+    # lines end at "\n" only: str.splitlines would also split inside a sentence (U+2028 …)
+    src = decode_lines(read_bytes(data_dir / "test.en"), "test.en")
+    refs = decode_lines(read_bytes(data_dir / "test.de"), "test.de")
     beam = config.decode.beam
     say(f"\ntranslating the {len(src):,} test sentences with beam {beam} …")
     hyps = translator.translate(src, beam=beam)

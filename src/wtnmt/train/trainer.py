@@ -36,6 +36,7 @@ from torch import nn
 
 from wtnmt.config import RunConfig, config_to_dict
 from wtnmt.data import Batch, ParallelData, Vocabulary, plan_batches, prepare
+from wtnmt.data.io import decode_lines, read_bytes
 from wtnmt.disagreement import disagreement
 from wtnmt.errors import TrainingError
 from wtnmt.loss import label_smoothed_cross_entropy
@@ -405,7 +406,7 @@ class Trainer:
         refs = self.data_dir / f"valid.{self.config.data.tgt_lang}"
         if not self.tc.valid_bleu or self.vocab is None or not refs.is_file():
             return None
-        lines = refs.read_text(encoding="utf-8").splitlines()
+        lines = decode_lines(read_bytes(refs), str(refs))  # on "\n" only, as the readers
         return lines if len(lines) == len(self.valid_data) else None
 
     # ---------------------------------------------------------------------------------------
