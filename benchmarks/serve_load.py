@@ -32,12 +32,7 @@ from wtnmt.config import load_config
 def default_input(run_dir: Path) -> Path:
     """The test split's source side that `wtnmt train` prepared for this run."""
     data = load_config(run_dir / "config.yaml").data
-    prepared = Path(
-        data.prepared_dir.format(
-            corpus=data.corpus or "custom", src_lang=data.src_lang, tgt_lang=data.tgt_lang
-        )
-    )
-    return prepared / f"test.{data.src_lang}"
+    return data.prepared_path() / f"test.{data.src_lang}"
 
 
 class Server:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import select
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -286,13 +288,74 @@ def test_translate_reads_stdin_and_writes_nbest(run_dir):
             "--nbest",
             "2",
         ],
-        input="alpha beta\ngamma\n",
+        input="alpha beta\n\ngamma\n",
         capture_output=True,
         text=True,
         check=True,
     )
-    rows = done.stdout.splitlines()
-    assert len(rows) == 4 and all(len(r.split("\t")) == 2 for r in rows)
+    rows = [row.split(" ||| ") for row in done.stdout.split("\n")[:-1]]
+    assert [row[0] for row in rows] == ["0", "0", "1", "1", "2", "2"]  # N lines per input
+    expected = Translator.load(run_dir).translate_nbest(["alpha beta", "gamma"], beam=3, nbest=2)
+    for row, option in zip(rows[:2] + rows[4:], expected[0] + expected[1], strict=True):
+        assert row[1] == option.text and float(row[2]) == pytest.approx(option.score, abs=1e-4)
+    assert rows[2] == ["1", "", "0.0000"] and rows[3] == ["1", "", "-inf"]  # the empty line
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--beam", "0"], "--beam 0: must be at least 1"),
+        (["--nbest", "0"], "--nbest 0: must be at least 1"),
+        (["--chunk", "0"], "--chunk 0: must be at least 1"),
+        (["--threads", "-1"], "--threads -1: must be at least 1"),
+        (["--nbest", "5"], "--nbest 5 is more than the beam size 4: raise --beam"),
+        (["--beam", "2", "--nbest", "3"], "--nbest 3 is more than the beam size 2: raise --beam"),
+        (["-o", "no/such/dir/out.txt"], "-o no/such/dir/out.txt: the directory no/such/dir does"),
+        (["-o", "."], "-o .: is a directory; -o names the file to write"),
+        (["--device", "cuda"], "--device cuda: this machine has no CUDA device; use --device cpu"),
+        (["-i", "missing.txt"], "missing.txt: no such file"),
+    ],
+)
+def test_translate_answers_bad_options_in_one_line(run_dir, capsys, args, message):
+    if args[0] == "--device" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert cli(["translate", str(run_dir), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("wtnmt translate: error: ") and message in err and err.count("\n") == 1
+
+
+def test_translate_reads_decode_nbest_from_the_run(run_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    text = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(text.replace("  nbest: 1\n", "  nbest: 2\n"))
+    (tmp_path / "in.txt").write_text("alpha beta\n")
+    assert cli(["translate", str(run), "-i", str(tmp_path / "in.txt")]) == 0
+    assert [r.split(" ||| ")[0] for r in capsys.readouterr().out.split("\n")[:-1]] == ["0", "0"]
+    assert cli(["translate", str(run), "-i", str(tmp_path / "in.txt"), "--beam", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "decode.nbest=2 (the run's config) is more than the beam size 1: raise --beam" in err
+
+
+def test_translate_answers_each_line_while_the_pipe_stays_open(run_dir):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wtnmt.cli", "translate", str(run_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    expected = Translator.load(run_dir).translate(["alpha beta", "gamma delta"])
+    try:
+        for line, translation in zip(["alpha beta", "gamma delta"], expected, strict=True):
+            proc.stdin.write(line.encode() + b"\n")
+            proc.stdin.flush()  # and keep the pipe open: the answer must come before EOF
+            ready, _, _ = select.select([proc.stdout], [], [], 60)
+            assert ready, "no translation while the input stays open"
+            assert proc.stdout.readline().decode() == translation + "\n"
+        proc.stdin.close()
+        assert proc.wait(30) == 0 and proc.stdout.read() == b""
+    finally:
+        proc.kill()
 
 
 def test_evaluate_reproduces_sacrebleu_on_the_same_files(run_dir, tmp_path):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from helpers import sentence, tiny_run_config, translate, write_pairs
@@ -376,3 +377,21 @@ def test_dev_bleu_survives_a_line_separator_inside_a_reference(tmp_path):
     Trainer(config, tmp_path / "run", **QUIET).run()
     entries = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert any("valid_bleu" in e for e in entries)
+
+
+def test_train_out_must_be_a_run_directory_of_its_own(tmp_path, capsys):
+    from wtnmt.cli import main as cli
+    from wtnmt.config import config_to_dict
+
+    config = tiny_run_config(tmp_path)
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text(yaml.safe_dump(config_to_dict(config)))
+    (tmp_path / "notes.txt").write_text("mine")
+    assert cli(["train", str(config_file), "--out", str(tmp_path / "notes.txt")]) == 2
+    assert capsys.readouterr().err == (
+        f"wtnmt train: error: --out {tmp_path / 'notes.txt'}: is a file; --out names the run "
+        f"directory\n"
+    )
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert cli(["train", str(config_file), "--out", config.data.prepared_dir]) == 2
+    assert "is the prepared-data directory (data.prepared_dir)" in capsys.readouterr().err

@@ -47,9 +47,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from wtnmt.data import format_summary, prepare
 
     config = _data_config(args)
-    out = args.out or config.prepared_dir.format(
-        corpus=config.corpus or "custom", src_lang=config.src_lang, tgt_lang=config.tgt_lang
-    )
+    out = args.out or config.prepared_path()
     summary = prepare(config, out, log=lambda m: print(m, file=sys.stderr), force=args.force)
     print(format_summary(summary))
     print(f"prepared data: {Path(out)}  (summary.json there)")
@@ -64,6 +62,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.set)
     out = Path(args.out or Path("runs") / Path(args.config).stem)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: is a file; --out names the run directory")
+    if out.resolve() == config.data.prepared_path().resolve():
+        raise ConfigError(
+            f"--out {out}: is the prepared-data directory (data.prepared_dir); "
+            f"give the run a directory of its own"
+        )
     tune_cpu_allocator()
     trainer = Trainer(config, out, resume=args.resume)
     try:
@@ -86,9 +91,34 @@ def _read_input(path: str | None):  # type: ignore[no-untyped-def]
     return decode_lines(read_bytes(path), path)
 
 
+def _check_output_file(path: str) -> None:
+    out = Path(path)
+    if out.is_dir():
+        raise ConfigError(f"-o {path}: is a directory; -o names the file to write")
+    if not out.parent.is_dir():
+        raise ConfigError(f"-o {path}: the directory {out.parent} does not exist")
+
+
+def nbest_lines(index: int, options, n: int) -> list[str]:  # type: ignore[no-untyped-def]
+    """``i ||| translation ||| score`` lines (Moses' n-best format, sentences counted from 0),
+    exactly ``n`` of them: places the search found no hypothesis for score -inf."""
+    lines = [f"{index} ||| {t.text} ||| {t.score:.4f}" for t in options[:n]]
+    return lines + [f"{index} |||  ||| -inf"] * (n - len(lines))
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
+    from wtnmt.data.io import stream_lines
+    from wtnmt.runtime import check_device, tune_cpu_allocator
+
+    for option in ("beam", "nbest", "chunk", "threads"):  # all before the model is loaded
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{option} {value}: must be at least 1")
+    check_device(args.device)
+    if args.output:
+        _check_output_file(args.output)
+
     from wtnmt.decode.translator import Translator
-    from wtnmt.runtime import tune_cpu_allocator
 
     tune_cpu_allocator()
     if args.threads:
@@ -96,24 +126,27 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     translator = Translator.load(args.run_dir, device=args.device)
-    lines = _read_input(args.input)
+    beam = args.beam or translator.config.decode.beam
+    nbest = args.nbest or translator.config.decode.nbest
+    if nbest > beam:
+        given = f"--nbest {nbest}" if args.nbest else f"decode.nbest={nbest} (the run's config)"
+        raise ConfigError(f"{given} is more than the beam size {beam}: raise --beam")
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     try:
-        for start in range(0, len(lines), args.chunk):  # stream: one chunk at a time
-            chunk = lines[start : start + args.chunk]
+        # each chunk is translated as soon as it is read, and its output flushed
+        for first, chunk in stream_lines(args.input, chunk=args.chunk):
             results = translator.translate_nbest(
                 chunk,
-                beam=args.beam,
-                nbest=args.nbest,
-                first_line=start + 1,
+                beam=beam,
+                nbest=nbest,
+                first_line=first,
                 warn=lambda m: print(f"wtnmt translate: warning: {m}", file=sys.stderr),
             )
-            for options in results:
-                if args.nbest == 1:
-                    out.write(options[0].text + "\n")
-                else:
-                    for t in options:
-                        out.write(f"{t.text}\t{t.score:.4f}\n")
+            for i, options in enumerate(results):
+                lines = (
+                    [options[0].text] if nbest == 1 else nbest_lines(first - 1 + i, options, nbest)
+                )
+                out.write("".join(line + "\n" for line in lines))
             out.flush()
     finally:
         if out is not sys.stdout:
@@ -261,9 +294,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="output file (default: stdout)")
     p.add_argument("--beam", type=int, help="beam size (default: the run's decode.beam)")
     p.add_argument(
-        "--nbest", type=int, default=1, help="write the N best, as translation<TAB>score lines"
+        "--nbest",
+        type=int,
+        help="write the N best of each sentence as N lines 'i ||| translation ||| score' "
+        "(i counts sentences from 0; default: the run's decode.nbest)",
     )
-    p.add_argument("--chunk", type=int, default=2000, help="lines translated per chunk")
+    p.add_argument(
+        "--chunk", type=int, default=2000, help="most lines translated together (default 2000)"
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int)
     p.set_defaults(func=cmd_translate)

@@ -149,6 +149,14 @@ class DataConfig:
             if (src is None) != (tgt is None):
                 raise ConfigError(f"data.{side}_src and data.{side}_tgt go together: set both")
 
+    def prepared_path(self) -> Path:
+        """``prepared_dir`` with its {corpus}, {src_lang} and {tgt_lang} filled in."""
+        return Path(
+            self.prepared_dir.format(
+                corpus=self.corpus or "custom", src_lang=self.src_lang, tgt_lang=self.tgt_lang
+            )
+        )
+
 
 @dataclass(frozen=True)
 class DisagreementConfig:

@@ -32,3 +32,17 @@ def tune_cpu_allocator() -> bool:
         return False
     _tuned = bool(mallopt(_M_MMAP_THRESHOLD, 1 << 30)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 31))
     return _tuned
+
+
+def check_device(device: str) -> None:
+    """A device this machine has, or a one-line ConfigError naming it (imports torch)."""
+    import torch
+
+    from wtnmt.config import ConfigError
+
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise ConfigError(f"--device {device!r}: not a device (cpu, cuda, cuda:1, ...)") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device}: this machine has no CUDA device; use --device cpu")

@@ -7,8 +7,13 @@ sides). A ``\\r`` before the ``\\n`` (Windows line ends) is removed.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import os
+import select
+import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -16,23 +21,66 @@ class DataError(ValueError):
     """Input data that cannot be used as it is: the message says which file and where."""
 
 
-def decode_lines(data: bytes, name: str) -> list[str]:
-    """UTF-8 bytes → lines. Invalid UTF-8 raises DataError naming line and byte offset."""
+def decode_lines(data: bytes, name: str, *, first_line: int = 1, first_byte: int = 0) -> list[str]:
+    """UTF-8 bytes → lines. Invalid UTF-8 raises DataError naming line and byte offset
+    (counted from ``first_line`` and ``first_byte`` when ``data`` is a piece of a stream)."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
+        line = data.count(b"\n", 0, e.start) + first_line
         start = data.rfind(b"\n", 0, e.start) + 1
         raise DataError(
-            f"{name}: invalid UTF-8 on line {line} at byte offset {e.start} "
+            f"{name}: invalid UTF-8 on line {line} at byte offset {first_byte + e.start} "
             f"(byte {e.start - start} of the line): {data[e.start : e.start + 1]!r}"
         ) from None
-    if text.startswith("\ufeff"):  # a byte-order mark is not part of the first sentence
+    if first_line == 1 and text.startswith("\ufeff"):  # a byte-order mark is no sentence
         text = text[1:]
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()  # the newline that ends the last line
     return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def stream_lines(path: str | Path | None, *, chunk: int) -> Iterator[tuple[int, list[str]]]:
+    """Lines of a file (``.gz`` too), or of stdin for None or "-", as (number of the first
+    line, up to ``chunk`` lines), strict UTF-8, split on ``\\n`` only.
+
+    A chunk is handed on as soon as it is full or, on stdin, as soon as no more input is
+    waiting: a pipe that stays open or a terminal gets each line answered before the input
+    ends, and a long file is never read whole before its first line is answered.
+    """
+    stdin = path in (None, "-")
+    name = "<stdin>" if stdin else str(path)
+    if not stdin and not Path(path).is_file():  # type: ignore[arg-type]
+        raise DataError(f"{path}: no such file")
+    if stdin:
+        fd = sys.stdin.fileno()
+        read = lambda: os.read(fd, 1 << 16)  # noqa: E731  (what is there, without waiting)
+        waiting = lambda: bool(select.select([fd], [], [], 0)[0])  # noqa: E731
+        source = contextlib.nullcontext()
+    else:
+        opener = gzip.open if str(path).endswith(".gz") else open
+        source = opener(path, "rb")  # type: ignore[operator]
+        read = lambda: source.read(1 << 16)  # noqa: E731
+        waiting = lambda: True  # noqa: E731  (a file has the rest at hand)
+    line, offset = 1, 0
+    with source:
+        pending: list[bytes] = []
+        partial = b""
+        while True:
+            data = read()
+            if data:
+                *complete, partial = (partial + data).split(b"\n")
+                pending.extend(complete)
+            elif partial:
+                pending.append(partial)
+            while pending and (len(pending) >= chunk or not data or not waiting()):
+                lines, pending = pending[:chunk], pending[chunk:]
+                raw = b"\n".join(lines) + b"\n"
+                yield line, decode_lines(raw, name, first_line=line, first_byte=offset)
+                line, offset = line + len(lines), offset + len(raw)
+            if not data:
+                return
 
 
 def read_bytes(path: str | Path) -> bytes:

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 from wtnmt.config import ConfigError
+from wtnmt.runtime import check_device
 from wtnmt.serve.settings import API_KEY_ENV, ServeSettings
 
 _LIMITS = (  # option, type, help
@@ -75,17 +76,6 @@ def _check_extras() -> None:
             ) from None
 
 
-def _check_device(device: str) -> None:
-    import torch
-
-    try:
-        kind = torch.device(device).type
-    except RuntimeError:
-        raise ConfigError(f"--device {device!r}: not a device (cpu, cuda, cuda:1, ...)") from None
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"--device {device}: this machine has no CUDA device; use --device cpu")
-
-
 def bind(host: str, port: int) -> socket.socket:
     """A listening socket on host:port, or a one-line error saying why not.
 
@@ -122,7 +112,7 @@ def _loopback(host: str) -> bool:
 def main_serve(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     _check_extras()
-    _check_device(args.device)
+    check_device(args.device)
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads {args.threads}: must be at least 1")
     sock = bind(args.host, args.port)

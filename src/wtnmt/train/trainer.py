@@ -186,10 +186,7 @@ class Trainer:
 
     def _prepare_run_dir(self, resume: bool, data_dir: str | Path | None) -> None:
         c = self.config.data
-        prepared = c.prepared_dir.format(
-            corpus=c.corpus or "custom", src_lang=c.src_lang, tgt_lang=c.tgt_lang
-        )
-        self.data_dir = Path(data_dir if data_dir is not None else prepared)
+        self.data_dir = Path(data_dir if data_dir is not None else c.prepared_path())
         self.ckpt_dir = self.run_dir / "checkpoints"
         if self.is_main:
             if not resume and (self.ckpt_dir.is_dir() and any(self.ckpt_dir.iterdir())):
