@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 
@@ -120,3 +122,21 @@ def test_files_and_missing_presets(tmp_path):
     path.write_text("model:\n  heads: 3\n")
     with pytest.raises(ConfigError, match=rf"{path.name}: model\.d_model=512 is not divisible"):
         load_config(path)
+
+
+def test_exponent_floats_read_as_numbers_in_files_and_overrides(tmp_path):
+    # PyYAML follows YAML 1.1, where 1e-9 (no dot) is a string: `adam_eps: 1e-9` was refused
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  adam_eps: 1e-9\n  lr_scale: 2E0\n")
+    config = load_config(path)
+    assert config.train.adam_eps == 1e-9 and config.train.lr_scale == 2.0
+    config = load_config("weighted-tiny", ["train.adam_eps=5e-8", "model.d_model=64"])
+    assert config.train.adam_eps == 5e-8 and config.model.d_model == 64  # ints stay ints
+
+
+@pytest.mark.parametrize("text", ["model.d_model=[", "model.d_model={a: ", "train.lr_scale=@x"])
+def test_a_set_value_that_is_not_yaml_is_named(text):
+    with pytest.raises(
+        ConfigError, match=re.escape(f"--set {text!r}: the value is not valid YAML")
+    ):
+        load_config("weighted-tiny", [text])

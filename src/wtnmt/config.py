@@ -10,6 +10,7 @@ objects; modules receive explicit keyword arguments.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -376,6 +377,23 @@ def config_to_dict(config: Any) -> dict[str, Any]:
     return plain(config)
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML as people write configs: PyYAML follows YAML 1.1, where a float needs a dot, so
+    ``adam_eps: 1e-9`` would be read as the string '1e-9'. This also reads ``1e-9`` and
+    ``2E0`` as floats, as YAML 1.2 does."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def _yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # a SafeLoader: no Python objects
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``section.key=value`` → (["section", "key"], value parsed as YAML)."""
     if "=" not in text:
@@ -384,7 +402,11 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     path = key.strip().split(".")
     if len(path) < 2 or not all(path):
         raise ConfigError(f"--set {text!r}: the key must name a section, e.g. model.d_model=256")
-    return path, yaml.safe_load(raw) if raw.strip() else None
+    try:
+        return path, _yaml(raw) if raw.strip() else None
+    except yaml.YAMLError as e:
+        reason = str(getattr(e, "problem", None) or e).splitlines()[0]
+        raise ConfigError(f"--set {text!r}: the value is not valid YAML ({reason})") from None
 
 
 def resolve_preset(name_or_path: str | Path) -> Path:
@@ -406,7 +428,7 @@ def load_config(source: str | Path, overrides: list[str] | tuple[str, ...] = ())
     path = resolve_preset(source)
     with open(path, encoding="utf-8") as f:
         try:
-            values = yaml.safe_load(f) or {}
+            values = _yaml(f.read()) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(values, dict):
