@@ -140,3 +140,26 @@ def test_a_set_value_that_is_not_yaml_is_named(text):
         ConfigError, match=re.escape(f"--set {text!r}: the value is not valid YAML")
     ):
         load_config("weighted-tiny", [text])
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [  # each of these trained wrongly or zero steps with exit 0, or ended in a torch traceback
+        ("train.clip_norm=-1", "train.clip_norm=-1.0 must be a finite number above 0, or null"),
+        ("train.lr_scale=-1", "train.lr_scale=-1.0 must be a finite number above 0"),
+        ("train.lr_scale=.nan", "train.lr_scale=nan must be a finite number above 0"),
+        ("train.max_steps=-1", "train.max_steps=-1 must be a positive integer"),
+        ("train.max_epochs=0", "train.max_epochs=0 must be a positive integer"),
+        ("train.max_time=-5", "train.max_time=-5.0 must be a finite number above 0, or null"),
+        ("train.patience=0", "train.patience=0 must be a positive integer"),
+        ("train.threads=-1", "train.threads=-1 must be a positive integer"),
+        ("train.adam_betas=[1.5, 0.98]", "train.adam_betas[0]=1.5 must be in [0, 1)"),
+        ("train.adam_eps=-1", "train.adam_eps=-1.0 must be a finite number above 0"),
+        ("train.label_smoothing=.nan", "train.label_smoothing=nan must be in [0, 1)"),
+        ("decode.max_len_a=-1", "decode.max_len_a=-1.0 and decode.max_len_b=10 must be finite"),
+        ("decode.length_penalty=.inf", "decode.length_penalty=inf must be finite"),
+    ],
+)
+def test_every_numeric_key_is_range_checked_on_load(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config("weighted-tiny", [override])

@@ -10,6 +10,7 @@ objects; modules receive explicit keyword arguments.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -224,6 +225,16 @@ class TrainConfig:
             raise ConfigError("train.precision='fp16' needs a GPU: use 'bf16' on the CPU")
         if self.max_steps is None and self.max_epochs is None and self.max_time is None:
             raise ConfigError("train: set at least one of max_steps, max_epochs, max_time")
+        # ranges: a negative clip norm ascends the gradient, a negative scale diverges, and a
+        # zero budget "trains" nothing and reports success
+        _greater(self, "train", 0, "lr_scale", "adam_eps")
+        _greater(self, "train", 0, "clip_norm", "max_time", optional=True)
+        for name in ("max_steps", "max_epochs", "patience", "threads"):
+            if getattr(self, name) is not None:
+                _positive(self, "train", name)
+        for i, beta in enumerate(self.adam_betas):
+            if not 0.0 <= beta < 1.0:
+                raise ConfigError(f"train.adam_betas[{i}]={beta!r} must be in [0, 1)")
 
 
 @dataclass(frozen=True)
@@ -241,6 +252,13 @@ class DecodeConfig:
         _positive(self, "decode", "beam", "nbest", "batch_tokens")
         if self.nbest > self.beam:
             raise ConfigError(f"decode.nbest={self.nbest} exceeds decode.beam={self.beam}")
+        if not (math.isfinite(self.max_len_a) and self.max_len_a >= 0) or self.max_len_b < 0:
+            raise ConfigError(
+                f"decode.max_len_a={self.max_len_a!r} and decode.max_len_b={self.max_len_b!r} "
+                f"must be finite and >= 0"
+            )
+        if not math.isfinite(self.length_penalty):
+            raise ConfigError(f"decode.length_penalty={self.length_penalty!r} must be finite")
 
 
 @dataclass(frozen=True)
@@ -261,6 +279,16 @@ def _positive(obj: Any, section: str, *names: str) -> None:
         value = getattr(obj, name)
         if value <= 0:
             raise ConfigError(f"{section}.{name}={value!r} must be a positive integer")
+
+
+def _greater(obj: Any, section: str, low: float, *names: str, optional: bool = False) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if optional and value is None:
+            continue
+        if not (math.isfinite(value) and value > low):  # NaN and inf fail too
+            what = f"a finite number above {low}" + (", or null" if optional else "")
+            raise ConfigError(f"{section}.{name}={value!r} must be {what}")
 
 
 def _probability(obj: Any, section: str, *names: str) -> None:
