@@ -486,3 +486,29 @@ def test_train_refuses_a_prepared_dir_that_is_the_users_corpus(tmp_path):
         Trainer(config, tmp_path / "runs" / "r", log_to_stderr=False)
     after = _snapshot(tmp_path)
     assert {k: v for k, v in after.items() if not k.startswith("runs/")} == before
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--set", "data.max_words=2.5"], "data.max_words=2.5 is not allowed: expected int"),
+        (["--set", "data.max_tokens_per_side=x"], "data.max_tokens_per_side='x' is not allowed"),
+        (["--set", "data.no_such_key=1"], "unknown config key data.no_such_key"),
+        (["--corpus", "multi30k"], "--corpus and --src/--tgt name two sources of training data"),
+        (["--tsv", "pairs.tsv"], "--tsv and --src/--tgt name two sources of training data"),
+    ],
+)
+def test_prepare_options_are_validated_like_a_config(tmp_path, capsys, extra, message):
+    src, tgt = write_corpus(tmp_path)
+    assert cli([*_prepare_args(src, tgt, str(tmp_path / "out")), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("wtnmt prepare: error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_prepare_src_without_tgt_is_one_line(tmp_path, capsys):
+    src, _ = write_corpus(tmp_path)
+    assert cli(["prepare", "--src", str(src), "--out", str(tmp_path / "o")]) == 2
+    assert (
+        capsys.readouterr().err == "wtnmt prepare: error: --src and --tgt go together: give both\n"
+    )

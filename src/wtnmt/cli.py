@@ -8,19 +8,34 @@ import json
 import sys
 from pathlib import Path
 
-from wtnmt.config import ConfigError, DataConfig, load_config, parse_override
+from wtnmt.config import (
+    ConfigError,
+    DataConfig,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    parse_override,
+)
 
 
 def _data_config(args: argparse.Namespace) -> DataConfig:
-    """The data section of CONFIG (or the defaults), with the command line's choices on top."""
-    base = load_config(args.config, args.set).data if args.config else DataConfig()
-    changes: dict[str, object] = {}
-    if args.corpus:
-        changes.update(corpus=args.corpus, train_src=None, train_tgt=None, train_tsv=None)
-    if args.src or args.tgt:
-        changes.update(corpus=None, train_src=args.src, train_tgt=args.tgt, train_tsv=None)
-    if args.tsv:
-        changes.update(corpus=None, train_src=None, train_tgt=None, train_tsv=args.tsv)
+    """The data section of CONFIG (or the defaults) with the command line's choices on top,
+    typed and validated as a config file is."""
+    if (args.src is None) != (args.tgt is None):
+        raise ConfigError("--src and --tgt go together: give both")
+    if args.src and (args.corpus or args.tsv):
+        other = "--corpus" if args.corpus else "--tsv"
+        raise ConfigError(f"{other} and --src/--tgt name two sources of training data: give one")
+    data = config_to_dict(load_config(args.config, args.set))["data"] if args.config else {}
+    if not args.config:
+        for text in args.set:
+            keys, value = parse_override(text)
+            if keys[0] != "data" or len(keys) != 2:
+                raise ConfigError(f"--set {text!r}: without CONFIG only data.* keys apply")
+            data[keys[1]] = value
+    sources = {"corpus": args.corpus, "train_src": args.src, "train_tsv": args.tsv}
+    if any(sources.values()):  # the source given here replaces the config's
+        data.update(corpus=args.corpus, train_src=args.src, train_tgt=args.tgt, train_tsv=args.tsv)
     for key in (
         "src_lang",
         "tgt_lang",
@@ -33,14 +48,8 @@ def _data_config(args: argparse.Namespace) -> DataConfig:
     ):
         value = getattr(args, key)
         if value is not None:
-            changes[key] = value
-    if not args.config:
-        for text in args.set:
-            keys, value = parse_override(text)
-            if keys[0] != "data" or len(keys) != 2:
-                raise ConfigError(f"--set {text!r}: without CONFIG only data.* keys apply")
-            changes[keys[1]] = value
-    return dataclasses.replace(base, **changes)  # validated again by __post_init__
+            data[key] = value
+    return config_from_dict({"data": data}).data
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
@@ -374,8 +383,6 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "prepare" and (args.src is None) != (args.tgt is None):
-        parser.error("--src and --tgt go together")
     if args.command == "evaluate" and not args.corpus and not (args.src and args.ref):
         parser.error("give --corpus NAME [--split SPLIT], or --src FILE and --ref FILE")
     try:
