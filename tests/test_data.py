@@ -512,3 +512,76 @@ def test_prepare_src_without_tgt_is_one_line(tmp_path, capsys):
     assert (
         capsys.readouterr().err == "wtnmt prepare: error: --src and --tgt go together: give both\n"
     )
+
+
+def _pair_files(tmp: Path, name: str, sources: list[str]) -> tuple[str, str]:
+    src, tgt = tmp / f"{name}.src", tmp / f"{name}.tgt"
+    src.write_text("".join(s + "\n" for s in sources), encoding="utf-8")
+    tgt.write_text("".join(translate(s) + "\n" for s in sources), encoding="utf-8")
+    return str(src), str(tgt)
+
+
+@pytest.mark.parametrize("given", ["valid", "test"])
+def test_given_dev_or_test_files_are_used_and_only_the_missing_split_held_out(tmp_path, given):
+    src, tgt = write_corpus(tmp_path)
+    files = _pair_files(tmp_path, given, [f"omega {sentence(900 + i, 3)}" for i in range(7)])
+    config = small_config(src, tgt, **{f"{given}_src": files[0], f"{given}_tgt": files[1]})
+    said: list[str] = []
+    summary = prepare(config, tmp_path / "out", log=said.append)
+    other = "test" if given == "valid" else "valid"
+    assert summary["splits"][given]["pairs_kept"] == 7  # the files given, all of them
+    assert summary["splits"][other]["pairs_kept"] == 10  # held out: valid_size = test_size = 10
+    held = (tmp_path / "out" / f"{other}.xx").read_text().split("\n")[:-1]
+    train = {p[0] for p in prepared_pairs(tmp_path / "out", "train")}
+    assert not train & set(held)  # the held-out split's sentences are out of training
+    assert any(f"{other} held out of training" in line and given in line for line in said)
+    assert (tmp_path / "out" / f"{given}.xx").read_text().startswith("omega ")
+
+
+def prepared_pairs(directory: Path, split: str) -> list[tuple[str, str]]:
+    """A prepared split read back as text."""
+    vocab = Vocabulary(directory / "spm.model")
+    data = ParallelData(directory, split)
+    return [
+        (vocab.decode(data.src[i].tolist()), vocab.decode(data.tgt[i].tolist()))
+        for i in range(len(data))
+    ]
+
+
+def test_max_words_and_train_size_apply_to_a_source_with_its_own_splits(tmp_path):
+    src, tgt = write_corpus(tmp_path)
+    valid = _pair_files(tmp_path, "valid", [sentence(800 + i, 3) for i in range(5)])
+    test = _pair_files(tmp_path, "test", [sentence(850 + i, 12) for i in range(5)])
+    config = small_config(
+        src, tgt, valid_src=valid[0], valid_tgt=valid[1], test_src=test[0], test_tgt=test[1],
+        max_words=4, train_size=40,
+    )  # fmt: skip
+    summary = prepare(config, tmp_path / "out", log=lambda m: None)
+    short = sum(2 + i % 9 <= 4 for i in range(300))  # write_corpus: pair i has 2 + i % 9 words
+    assert summary["corpus"]["dropped"] == {
+        "over_max_words": 300 - short,
+        "over_train_size": short - 40,
+    }
+    assert summary["splits"]["train"]["pairs_read"] == 40
+    pairs = prepared_pairs(tmp_path / "out", "train")
+    assert all(len(s.split()) <= 4 for s, _ in pairs)
+    assert summary["splits"]["test"]["pairs_kept"] == 5  # dev and test as given, long or not
+
+
+def test_the_same_language_on_both_sides_is_refused_with_a_reason(tmp_path):
+    src, tgt = write_corpus(tmp_path)
+    with pytest.raises(ConfigError, match=r"data\.src_lang and data\.tgt_lang are both 'en'"):
+        small_config(src, tgt, src_lang="en", tgt_lang="en")
+
+
+def test_no_training_pair_left_names_the_cause_not_the_vocabulary(tmp_path):
+    src, tgt = tmp_path / "a.src", tmp_path / "a.tgt"
+    src.write_text("alpha\n\nbeta\n" * 20)
+    tgt.write_text("\nGAMMA\n\n" * 20)  # every pair has an empty side
+    valid = _pair_files(tmp_path, "valid", ["alpha"])
+    test = _pair_files(tmp_path, "test", ["beta"])
+    config = small_config(
+        src, tgt, valid_src=valid[0], valid_tgt=valid[1], test_src=test[0], test_tgt=test[1]
+    )
+    with pytest.raises(DataError, match=r"no training pairs left: 60 read, all dropped \(60 empty"):
+        prepare(config, tmp_path / "out", log=lambda m: None)

@@ -146,6 +146,13 @@ class DataConfig:
                 "set exactly one source of training data: data.corpus, data.train_src with "
                 f"data.train_tgt, or data.train_tsv (got {', '.join(sources) or 'none'})"
             )
+        if self.src_lang == self.tgt_lang:
+            raise ConfigError(
+                f"data.src_lang and data.tgt_lang are both {self.src_lang!r}: they name the two "
+                f"sides' files (valid.{self.src_lang}, test.{self.src_lang}), so one would "
+                f"overwrite the other; give them different names, e.g. {self.src_lang} and "
+                f"{self.src_lang}2"
+            )
         for side in ("train", "valid", "test"):
             src, tgt = getattr(self, f"{side}_src"), getattr(self, f"{side}_tgt")
             if (src is None) != (tgt is None):

@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import random
 import shutil
 import time
 from collections import Counter
@@ -77,15 +78,13 @@ def _source(config: DataConfig) -> _Source:
     for path in files:
         if not path.is_file():
             raise DataError(f"{path}: no such file")
-    # without both dev and test files, both are held out of train by unique source sentence
-    held_out = "valid" not in readers or "test" not in readers
+    # dev or test files not given: that split is held out of train by unique source sentence
+    missing = "valid" not in readers or "test" not in readers
     return _Source(
         files=files,
-        read=lambda: {
-            split: reader() for split, reader in readers.items() if split == "train" or not held_out
-        },
+        read=lambda: {split: reader() for split, reader in readers.items()},
         attribution="your own parallel data",
-        pivot=0 if held_out else None,
+        pivot=0 if missing else None,
     )
 
 
@@ -147,32 +146,47 @@ def _split_stats(
 def make_splits(
     config: DataConfig, raw: dict[str, list[Pair]], pivot: int | None
 ) -> tuple[dict[str, list[Pair]], dict[str, Any]]:
-    """Raw pairs → train/valid/test, with the seeded split where the source has none.
+    """Raw pairs → train/valid/test: the source's own splits where it has them, a seeded
+    split by unique ``pivot`` sentence for what it lacks (``pivot`` None: it lacks nothing).
+    ``max_words`` and ``train_size`` apply to training data either way.
 
     Returns the splits and what happened before splitting (for the summary).
     """
     c = config
-    if pivot is None:
-        return raw, {}
-    corpus_level: dict[str, Any] = {"pairs_read": len(raw["train"])}
     pairs = raw["train"]
+    level: dict[str, Any] = {"pairs_read": len(pairs)}
     dropped: Counter[str] = Counter()
     if c.max_words is not None:
-        pairs, n = keep_short(pairs, c.max_words)
-        dropped["over_max_words"] = n
-    splits, split_drops = split_by_pivot(
-        pairs,
-        pivot=pivot,
-        seed=c.split_seed,
-        valid_size=c.valid_size,
-        test_size=c.test_size,
-        train_size=c.train_size,
-    )
-    dropped.update(split_drops)
-    corpus_level["dropped"] = dict(sorted(dropped.items()))
-    side = "source" if pivot == 0 else "target"
-    corpus_level["split"] = f"seeded (seed {c.split_seed}) by unique {side} sentence"
-    return splits, corpus_level
+        pairs, dropped["over_max_words"] = keep_short(pairs, c.max_words)
+    given = [split for split in ("valid", "test") if split in raw]
+    if pivot is None:  # dev and test are the source's own, scored as given
+        splits = {**raw, "train": pairs}
+        if c.train_size is not None and len(pairs) > c.train_size:
+            keep = sorted(random.Random(c.split_seed).sample(range(len(pairs)), c.train_size))
+            dropped["over_train_size"] = len(pairs) - c.train_size
+            splits["train"] = [pairs[i] for i in keep]
+        if not dropped:
+            return splits, {}
+    else:
+        splits, split_drops = split_by_pivot(
+            pairs,
+            pivot=pivot,
+            seed=c.split_seed,
+            valid_size=0 if "valid" in given else c.valid_size,
+            test_size=0 if "test" in given else c.test_size,
+            train_size=c.train_size,
+        )
+        splits.update({split: raw[split] for split in given})
+        dropped.update(split_drops)
+        side = "source" if pivot == 0 else "target"
+        held = " and ".join(s for s in ("valid", "test") if s not in given)
+        level["split"] = (
+            f"{held} held out of training, seeded (seed {c.split_seed}) by unique {side} sentence"
+        )
+        if given:
+            level["split"] += f"; {' and '.join(given)} from the files given"
+    level["dropped"] = dict(sorted((k, v) for k, v in dropped.items() if v))
+    return splits, level
 
 
 def raw_split(config: DataConfig, split: str) -> list[Pair]:
@@ -186,6 +200,11 @@ def raw_split(config: DataConfig, split: str) -> list[Pair]:
     return kept
 
 
+def _reasons(dropped: Counter[str], corpus_level: dict[str, Any]) -> str:
+    counts = Counter(corpus_level.get("dropped", {})) + dropped
+    return ", ".join(f"{n:,} {reason.replace('_', ' ')}" for reason, n in counts.items() if n)
+
+
 def _build(
     config: DataConfig,
     raw: dict[str, list[Pair]],
@@ -195,12 +214,19 @@ def _build(
 ) -> dict[str, Any]:
     c = config
     raw, corpus_level = make_splits(config, raw, pivot)
+    if "split" in corpus_level:
+        log(f"splits: {corpus_level['split']}")
     read = {split: len(raw[split]) for split in SPLITS}
     kept: dict[str, list[Pair]] = {}
     dropped: dict[str, Counter[str]] = {}
     for split in SPLITS:  # duplicates only matter in train; dev and test are scored as given
         kept[split], dropped[split] = drop_empty_and_duplicates(
             raw[split], duplicates=c.drop_duplicates and split == "train"
+        )
+    if not kept["train"]:
+        raise DataError(
+            f"no training pairs left: {read['train']:,} read, all dropped "
+            f"({_reasons(dropped['train'], corpus_level)}); check the training files"
         )
     log(
         f"training the shared {c.spm_model_type} vocabulary ({c.vocab_size} pieces) on "
@@ -229,6 +255,12 @@ def _build(
                 max_ratio=c.max_length_ratio,
             )
             dropped[split].update(long_drops)
+            if not keep:
+                raise DataError(
+                    f"no training pairs left: {read['train']:,} read, all dropped "
+                    f"({_reasons(dropped['train'], corpus_level)}); see data.max_tokens_per_side "
+                    f"and data.max_length_ratio"
+                )
             pairs = [pairs[i] for i in keep]
             src_ids, tgt_ids = [src_ids[i] for i in keep], [tgt_ids[i] for i in keep]
         write_ids(out / f"{split}.src", src_ids, len(vocab))
