@@ -30,7 +30,7 @@ from wtnmt.model import build_model
 from wtnmt.model.branched import BranchedAttention
 from wtnmt.runtime import tune_cpu_allocator
 from wtnmt.special import BOS, EOS, PAD
-from wtnmt.train.trainer import make_adam
+from wtnmt.train.state import make_adam
 
 
 def make_batch(n: int, lo: int, hi: int, vocab: int, seed: int):

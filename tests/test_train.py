@@ -395,3 +395,41 @@ def test_train_out_must_be_a_run_directory_of_its_own(tmp_path, capsys):
     assert (tmp_path / "notes.txt").read_text() == "mine"
     assert cli(["train", str(config_file), "--out", config.data.prepared_dir]) == 2
     assert "is the prepared-data directory (data.prepared_dir)" in capsys.readouterr().err
+
+
+def test_fp16_on_a_machine_without_cuda_is_refused_even_with_device_auto(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    config = tiny_run_config(tmp_path, train={"precision": "fp16", "device": "auto"})
+    with pytest.raises(TrainingError, match=r"train\.precision='fp16' needs a CUDA device"):
+        Trainer(config, tmp_path / "run", **QUIET)
+
+
+def test_fewer_batches_than_processes_stops_with_the_cause_instead_of_looping(
+    tmp_path, monkeypatch
+):
+    config = tiny_run_config(tmp_path, n_train=20, train={"max_tokens": 100_000})
+    trainer = Trainer(config, tmp_path / "run", **QUIET)  # 20 pairs: one batch
+    trainer.world = 2  # as a second DDP process would see it
+    with pytest.raises(TrainingError, match=r"make 1 batches of train\.max_tokens=100000, fewer"):
+        trainer.run()
+
+
+def test_kappa_alpha_freeze_in_a_run_bounded_by_epochs(tmp_path):
+    config = tiny_run_config(
+        tmp_path, train={"max_steps": None, "max_epochs": 2, "freeze_branch_weights": 3}
+    )
+    trainer = Trainer(config, tmp_path / "run", **QUIET)
+    per_epoch = len(trainer._epoch_batches(0))
+    snapshots = []
+    original = trainer.update
+
+    def update(batches, **kw):  # κ, α before each update
+        snapshots.append(torch.cat([p.detach().clone() for p in trainer.branch_params]))
+        return original(batches, **kw)
+
+    trainer.update = update
+    state = trainer.run()
+    assert state.step == 2 * per_epoch and per_epoch > 4
+    frozen = [torch.equal(a, b) for a, b in itertools.pairwise(snapshots)]
+    assert not any(frozen[:-3]) and all(frozen[-2:])  # the last updates leave κ, α alone

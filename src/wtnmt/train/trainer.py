@@ -20,12 +20,10 @@ import json
 import math
 import os
 import shutil
-import signal
 import sys
-import threading
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +34,6 @@ from torch import nn
 
 from wtnmt.config import RunConfig, config_to_dict
 from wtnmt.data import Batch, ParallelData, Vocabulary, plan_batches, prepare
-from wtnmt.data.io import decode_lines, read_bytes
 from wtnmt.disagreement import disagreement
 from wtnmt.errors import TrainingError
 from wtnmt.loss import label_smoothed_cross_entropy
@@ -51,74 +48,8 @@ from wtnmt.train.checkpoint import (
     save_weights,
 )
 from wtnmt.train.schedule import branch_lr, branch_weights_frozen, inverse_sqrt
-
-
-@dataclass
-class TrainState:
-    """Everything besides weights and optimizer that resuming needs to continue exactly."""
-
-    step: int = 0
-    epoch: int = 0
-    batch_in_epoch: int = 0  # planned batches of this epoch already consumed (this rank)
-    elapsed: float = 0.0  # seconds of training, summed over resumed runs
-    best: float | None = None
-    best_step: int | None = None
-    bad_validations: int = 0
-    nonfinite_total: int = 0
-    nonfinite_run: int = 0
-    finished: str | None = None  # why the run stopped, once it has
-
-
-@dataclass
-class Window:
-    """Sums over the steps since the last log line."""
-
-    loss: float = 0.0
-    nll: float = 0.0
-    tokens: int = 0
-    grad_norm: float = 0.0
-    updates: int = 0
-    start: float = field(default_factory=time.perf_counter)
-
-
-class _InterruptFlag:
-    """Turns the first Ctrl-C into a flag the loop reads between updates, so that the
-    checkpoint it saves is never taken halfway through an optimizer step; a second Ctrl-C
-    interrupts at once. Only in the main thread (where Python delivers signals)."""
-
-    def __init__(self) -> None:
-        self.raised = False
-        self.installed = threading.current_thread() is threading.main_thread()
-        if self.installed:
-            self.previous = signal.signal(signal.SIGINT, self._handle)
-
-    def _handle(self, signum, frame) -> None:  # type: ignore[no-untyped-def]
-        if self.raised:
-            raise KeyboardInterrupt
-        self.raised = True
-
-    def restore(self) -> None:
-        if self.installed:
-            signal.signal(signal.SIGINT, self.previous or signal.default_int_handler)
-            self.installed = False
-
-
-def make_adam(groups: list[dict[str, Any]], *, betas: tuple[float, float], eps: float):  # type: ignore[no-untyped-def]
-    """Adam, fused where this PyTorch build has the kernel for the device: one pass over
-    each parameter instead of a dozen (12 ms instead of 40-60 ms a step for the `small`
-    model on 2 CPU cores). The same update rule, deterministic like the default."""
-    try:
-        return torch.optim.Adam(groups, lr=0.0, betas=betas, eps=eps, fused=True)
-    except (RuntimeError, TypeError):  # no fused kernel for this device or build
-        return torch.optim.Adam(groups, lr=0.0, betas=betas, eps=eps)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise TrainingError("train.device='cuda' but no CUDA device is available")
-    return torch.device(name)
+from wtnmt.train.state import InterruptFlag, TrainState, Window, make_adam, resolve_device
+from wtnmt.train.validation import valid_references, validate
 
 
 class Trainer:
@@ -141,6 +72,11 @@ class Trainer:
         self.is_main = self.rank == 0
         self.log_to_stderr = log_to_stderr
         self.device = resolve_device(self.tc.device)
+        if self.tc.precision == "fp16" and self.device.type != "cuda":
+            raise TrainingError(
+                f"train.precision='fp16' needs a CUDA device and training runs on "
+                f"{self.device.type} (train.device={self.tc.device!r}): use bf16 or fp32"
+            )
         if self.world > 1 and not dist.is_initialized():
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             dist.init_process_group(backend)
@@ -345,75 +281,62 @@ class Trainer:
     # ---------------------------------------------------------------------------------------
     # Validation
 
-    @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        self.model.eval()
-        plan = plan_batches(
-            self.valid_data.src_lengths,
-            self.valid_data.tgt_lengths,
+        """Dev loss, perplexity and (with references) BLEU of greedy decoding."""
+        refs = None
+        if self.tc.valid_bleu and self.vocab is not None:
+            path = self.data_dir / f"valid.{self.config.data.tgt_lang}"
+            refs = valid_references(path, expected=len(self.valid_data))
+        return validate(
+            self.model,
+            self.valid_data,
+            vocab=self.vocab,
+            references=refs,
+            decode=self.config.decode,
             max_tokens=self.tc.max_tokens,
-            seed=0,
-            epoch=0,
-            shuffle=False,
+            label_smoothing=self.tc.label_smoothing,
+            device=self.device,
+            autocast=self._autocast,
         )
-        loss_sum = nll_sum = 0.0
-        tokens = 0
-        refs = self._valid_references()  # BLEU by greedy decoding of the dev set
-        want_bleu = refs is not None
-        hyps = [""] * len(self.valid_data)
-        for indices in plan.batches:
-            b = self.valid_data.collate(indices)
-            real = b.tgt_out.ne(PAD).to(self.device)
-            with self._autocast():
-                logits = self.model(
-                    b.src.to(self.device), b.tgt_in.to(self.device), logits_mask=real
-                ).logits
-            loss, nll = label_smoothed_cross_entropy(
-                logits, b.tgt_out.to(self.device)[real], epsilon=self.tc.label_smoothing
-            )
-            loss_sum, nll_sum = loss_sum + float(loss.sum()), nll_sum + float(nll.sum())
-            tokens += b.target_tokens
-            if want_bleu:
-                for i, hyp in zip(indices, self._greedy(b), strict=True):
-                    hyps[int(i)] = hyp
-        self.model.train()
-        nll = nll_sum / max(tokens, 1)
-        scores = {
-            "valid_loss": loss_sum / max(tokens, 1),
-            "valid_nll": nll,
-            "valid_ppl": math.exp(min(nll, 50)),
-        }
-        if want_bleu:
-            from wtnmt.decode.evaluate import score_corpus
-
-            scores["valid_bleu"] = score_corpus(hyps, refs)["bleu"]
-        return scores
-
-    def _greedy(self, batch: Batch) -> list[str]:
-        from wtnmt.decode.search import greedy_search
-
-        d = self.config.decode
-        hyps = greedy_search(
-            self.model, batch.src.to(self.device), max_len_a=d.max_len_a, max_len_b=d.max_len_b
-        )
-        return [self.vocab.decode(h.tokens) for h in hyps]
-
-    def _valid_references(self) -> list[str] | None:
-        """The dev set's raw target text, when the data has a vocabulary to detokenise with."""
-        refs = self.data_dir / f"valid.{self.config.data.tgt_lang}"
-        if not self.tc.valid_bleu or self.vocab is None or not refs.is_file():
-            return None
-        lines = decode_lines(read_bytes(refs), str(refs))  # on "\n" only, as the readers
-        return lines if len(lines) == len(self.valid_data) else None
 
     # ---------------------------------------------------------------------------------------
     # The loop
 
-    def _frozen(self) -> bool:
+    def _epoch_batches(self, epoch: int) -> list:  # type: ignore[type-arg]
+        """This rank's planned batches of ``epoch``."""
+        plan = plan_batches(
+            self.train_data.src_lengths,
+            self.train_data.tgt_lengths,
+            max_tokens=self.tc.max_tokens,
+            seed=self.tc.seed,
+            epoch=epoch,
+        )
+        batches = plan.shard(self.rank, self.world).batches
+        if not batches:  # the loop would go round for ever
+            raise TrainingError(
+                f"{self.data_dir}: {len(self.train_data):,} training pairs make "
+                f"{len(plan.batches)} batches of train.max_tokens={self.tc.max_tokens}, "
+                f"fewer than the {self.world} processes"
+                if self.world > 1 and len(plan.batches)
+                else f"{self.data_dir}: no training batches ({len(self.train_data):,} pairs)"
+            )
+        return batches
+
+    def _step_budget(self) -> int | None:
+        """The updates the run may make: max_steps, or what max_epochs allows if fewer
+        (epochs of the first epoch's length), so that κ, α freeze in either kind of run."""
+        budget = self.tc.max_steps
+        if self.tc.max_epochs is not None:
+            per_epoch = math.ceil(len(self._epoch_batches(0)) / self.tc.update_freq)
+            by_epochs = self.tc.max_epochs * per_epoch
+            budget = by_epochs if budget is None else min(budget, by_epochs)
+        return budget
+
+    def _frozen(self, budget: int | None) -> bool:
         return bool(self.branch_params) and branch_weights_frozen(
             self.state.step + 1,
             self.state.elapsed,
-            max_steps=self.tc.max_steps,
+            max_steps=budget,
             max_time=self.tc.max_time,
             freeze_steps=self.tc.freeze_branch_weights,
             freeze_fraction=self.tc.freeze_branch_fraction,
@@ -524,22 +447,16 @@ class Trainer:
             f"{len(self.train_data):,} training pairs"
         )
         window, lr, lr_b = Window(), 0.0, 0.0
+        budget = self._step_budget()
         reason = self._stop_reason()
-        interrupted = _InterruptFlag()  # Ctrl-C stops at the next update boundary
+        interrupted = InterruptFlag()  # Ctrl-C stops at the next update boundary
         try:
             while reason is None:
-                plan = plan_batches(
-                    self.train_data.src_lengths,
-                    self.train_data.tgt_lengths,
-                    max_tokens=tc.max_tokens,
-                    seed=tc.seed,
-                    epoch=s.epoch,
-                )
-                batches = plan.shard(self.rank, self.world).batches
+                batches = self._epoch_batches(s.epoch)
                 while reason is None and s.batch_in_epoch < len(batches):
                     group = batches[s.batch_in_epoch : s.batch_in_epoch + tc.update_freq]
                     start = time.perf_counter()
-                    frozen = self._frozen()
+                    frozen = self._frozen(budget)
                     lr, lr_b = self._set_lr(frozen)
                     want_ratio = tc.grad_ratio and (s.step + 1) % tc.log_every == 0
                     try:

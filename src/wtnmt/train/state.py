@@ -1,0 +1,85 @@
+"""What a training run carries besides weights and optimizer: its state, the log window,
+Ctrl-C as a flag, and the setup helpers (device, optimizer)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from wtnmt.errors import TrainingError
+
+
+@dataclass
+class TrainState:
+    """Everything besides weights and optimizer that resuming needs to continue exactly."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0  # planned batches of this epoch already consumed (this rank)
+    elapsed: float = 0.0  # seconds of training, summed over resumed runs
+    best: float | None = None
+    best_step: int | None = None
+    bad_validations: int = 0
+    nonfinite_total: int = 0
+    nonfinite_run: int = 0
+    finished: str | None = None  # why the run stopped, once it has
+
+
+@dataclass
+class Window:
+    """Sums over the steps since the last log line."""
+
+    loss: float = 0.0
+    nll: float = 0.0
+    tokens: int = 0
+    grad_norm: float = 0.0
+    updates: int = 0
+    start: float = field(default_factory=time.perf_counter)
+
+
+class InterruptFlag:
+    """Turns the first Ctrl-C into a flag the loop reads between updates, so that the
+    checkpoint it saves is never taken halfway through an optimizer step; a second Ctrl-C
+    interrupts at once. Only in the main thread (where Python delivers signals)."""
+
+    def __init__(self) -> None:
+        self.raised = False
+        self.installed = threading.current_thread() is threading.main_thread()
+        if self.installed:
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame) -> None:  # type: ignore[no-untyped-def]
+        if self.raised:
+            raise KeyboardInterrupt
+        self.raised = True
+
+    def restore(self) -> None:
+        if self.installed:
+            signal.signal(signal.SIGINT, self.previous or signal.default_int_handler)
+            self.installed = False
+
+
+def make_adam(groups: list[dict[str, Any]], *, betas: tuple[float, float], eps: float):  # type: ignore[no-untyped-def]
+    """Adam, fused where this PyTorch build has the kernel for the device: one pass over
+    each parameter instead of a dozen (12 ms instead of 40-60 ms a step for the `small`
+    model on 2 CPU cores). The same update rule, deterministic like the default."""
+    try:
+        return torch.optim.Adam(groups, lr=0.0, betas=betas, eps=eps, fused=True)
+    except (RuntimeError, TypeError):  # no fused kernel for this device or build
+        return torch.optim.Adam(groups, lr=0.0, betas=betas, eps=eps)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise TrainingError("train.device='cuda' but no CUDA device is available")
+    return torch.device(name)
+
+
+__all__ = ["InterruptFlag", "TrainState", "Window", "make_adam", "resolve_device"]
