@@ -433,3 +433,36 @@ def test_kappa_alpha_freeze_in_a_run_bounded_by_epochs(tmp_path):
     assert state.step == 2 * per_epoch and per_epoch > 4
     frozen = [torch.equal(a, b) for a, b in itertools.pairwise(snapshots)]
     assert not any(frozen[:-3]) and all(frozen[-2:])  # the last updates leave κ, α alone
+
+
+def test_max_positions_is_checked_against_the_longest_sentence_on_load():
+    from wtnmt.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"model\.max_positions=256 is less than"):
+        load_config("weighted-tiny", ["data.max_tokens_per_side=300"])
+
+
+def test_a_dev_sentence_longer_than_the_model_allows_is_cut_not_a_crash(tmp_path):
+    config = tiny_run_config(
+        tmp_path,
+        train={"max_steps": 4, "valid_every": 2},
+        model={"max_positions": 40},
+        data={"max_tokens_per_side": 30},
+    )
+    long = " ".join(["alpha"] * 60)  # far over 40 pieces
+    write_pairs(tmp_path, "valid", [long, *(sentence(10_000 + i, 3) for i in range(7))])
+    Trainer(config, tmp_path / "run", **QUIET).run()
+    summary = json.loads((tmp_path / "prepared" / "summary.json").read_text())
+    assert summary["splits"]["valid"]["ids_truncated"] == 1
+    assert summary["splits"]["valid"]["pairs_kept"] == 8  # the pair stays, scored as given
+    entries = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert [e["step"] for e in entries if "valid_loss" in e] == [2, 4]
+
+
+def test_a_failing_validation_keeps_the_training_so_far(tmp_path, monkeypatch):
+    config = tiny_run_config(tmp_path, train={"max_steps": 6, "valid_every": 3})
+    trainer = Trainer(config, tmp_path / "run", **QUIET)
+    monkeypatch.setattr(trainer, "validate", lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        trainer.run()
+    assert latest_checkpoint(tmp_path / "run" / "checkpoints")[1]["step"] == 3

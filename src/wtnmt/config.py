@@ -275,6 +275,15 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
+    def __post_init__(self) -> None:
+        # a sentence of max_tokens_per_side pieces + BOS/EOS must have positions
+        if self.model.max_positions < self.data.max_tokens_per_side + 1:
+            raise ConfigError(
+                f"model.max_positions={self.model.max_positions} is less than "
+                f"data.max_tokens_per_side={self.data.max_tokens_per_side} + 1 (the sentence "
+                f"and its BOS/EOS): raise the one or lower the other"
+            )
+
 
 # --------------------------------------------------------------------------------------------
 # Validation helpers used by __post_init__

@@ -36,7 +36,7 @@ from wtnmt.data.io import DataError, read_parallel, read_tsv
 from wtnmt.data.split import keep_short, split_by_pivot
 from wtnmt.data.vocab import Vocabulary, train_sentencepiece
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: dev/test ids cut to max_tokens_per_side
 SPLITS = ("train", "valid", "test")
 Pair = tuple[str, str]
 
@@ -243,6 +243,7 @@ def _build(
     )
     vocab = Vocabulary(out / "spm.model")
     splits: dict[str, Any] = {}
+    truncated: dict[str, int] = {}
     for split in SPLITS:
         pairs = kept[split]
         src_ids = vocab.encode([p[0] for p in pairs])
@@ -263,6 +264,15 @@ def _build(
                 )
             pairs = [pairs[i] for i in keep]
             src_ids, tgt_ids = [src_ids[i] for i in keep], [tgt_ids[i] for i in keep]
+        else:  # dev and test are kept whole as text (scored as given); their ids are cut to
+            # max_tokens_per_side, as `wtnmt translate` cuts an over-long line, so that
+            # validation never needs more positions than the model has
+            cap = c.max_tokens_per_side
+            long = sum(len(s) > cap or len(t) > cap for s, t in zip(src_ids, tgt_ids, strict=True))
+            if long:
+                truncated[split] = long
+                log(f"{split}: {long} pairs over {cap} pieces a side, their ids cut to {cap}")
+            src_ids, tgt_ids = [s[:cap] for s in src_ids], [t[:cap] for t in tgt_ids]
         write_ids(out / f"{split}.src", src_ids, len(vocab))
         write_ids(out / f"{split}.tgt", tgt_ids, len(vocab))
         if split != "train":
@@ -270,6 +280,8 @@ def _build(
                 text = "".join(p[side] + "\n" for p in pairs)
                 (out / f"{split}.{lang}").write_text(text, encoding="utf-8")
         splits[split] = _split_stats(pairs, (src_ids, tgt_ids), read[split], dropped[split])
+        if split in truncated:
+            splits[split]["ids_truncated"] = truncated[split]
     return {"corpus": corpus_level, "vocab_size": len(vocab), "splits": splits}
 
 

@@ -496,7 +496,11 @@ class Trainer:
                     if s.step % tc.log_every == 0:
                         window = self._log_step(window, lr, lr_b, ratio, progress)
                     if s.step % tc.valid_every == 0:
-                        self._validate_and_keep_best()
+                        try:
+                            self._validate_and_keep_best()
+                        except Exception:  # whatever failed, the training so far is kept
+                            self.save()
+                            raise
                     if s.step % save_every == 0:
                         self.save()
                     reason = self._stop_reason()
