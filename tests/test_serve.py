@@ -455,7 +455,7 @@ def test_serve_refuses_a_busy_port_and_a_missing_run(run_dir, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err == f"wtnmt serve: error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
     assert cli(["serve", str(tmp_path / "nothing"), "--port", "0"]) == 2
-    assert "no config.yaml there; is it a wtnmt run directory?" in capsys.readouterr().err
+    assert f"{tmp_path / 'nothing'}: no such run directory" in capsys.readouterr().err
 
 
 def test_wtnmt_serve_runs_as_the_readme_says(run_dir):

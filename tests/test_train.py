@@ -19,8 +19,8 @@ from helpers import sentence, tiny_run_config, translate, write_pairs
 from wtnmt.data import ParallelData, Vocabulary
 from wtnmt.decode import greedy_search
 from wtnmt.errors import CheckpointError, TrainingError
+from wtnmt.rundir import latest_checkpoint, load_state, save_checkpoint
 from wtnmt.train import Trainer, branch_lr, inverse_sqrt
-from wtnmt.train.checkpoint import latest_checkpoint, load_state, save_checkpoint
 
 QUIET = {"log_to_stderr": False}
 
@@ -100,7 +100,6 @@ def test_resume_equals_training_straight_through(tmp_path):
 KILLER = """
 import os, signal, sys
 sys.path.insert(0, {tests!r})
-import wtnmt.train.checkpoint as ckpt
 from helpers import tiny_run_config
 from pathlib import Path
 from wtnmt.train import Trainer
@@ -110,7 +109,7 @@ def dying_replace(src, dst):
     if str(dst).endswith("step_0000005.state.pt"):  # mid-way through checkpoint 5
         os.kill(os.getpid(), signal.SIGKILL)
     real_replace(src, dst)
-ckpt.os.replace = dying_replace
+os.replace = dying_replace  # atomic_write's os.replace
 config = tiny_run_config(Path({tmp!r}), train={{"max_steps": 8, "save_every": 1,
                                                "valid_every": 100, "keep_checkpoints": 10}})
 Trainer(config, Path({run!r}), log_to_stderr=False).run()
@@ -466,3 +465,62 @@ def test_a_failing_validation_keeps_the_training_so_far(tmp_path, monkeypatch):
     with pytest.raises(ZeroDivisionError):
         trainer.run()
     assert latest_checkpoint(tmp_path / "run" / "checkpoints")[1]["step"] == 3
+
+
+DDP_RESUME_WORKER = """
+import os, sys
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+import torch
+from helpers import tiny_run_config
+from wtnmt.train import Trainer
+torch.set_num_threads(1)
+config = tiny_run_config(Path({tmp!r}), n_train=300, train={{"max_steps": {steps}, "save_every": 3,
+    "valid_every": 100, "max_tokens": 200}}, model={{"dropout": 0.3}})
+trainer = Trainer(config, Path({run!r}), resume={resume}, log_to_stderr=False)
+trainer.run()
+if int(os.environ["RANK"]) == 0:
+    torch.save(dict(trainer.model.state_dict()), {out!r})
+"""
+
+
+def _ddp(tmp_path: Path, run: str, steps: int, resume: bool) -> dict[str, torch.Tensor]:
+    out = tmp_path / f"{run}-{steps}.pt"
+    code = DDP_RESUME_WORKER.format(
+        tests=str(Path(__file__).parent), tmp=str(tmp_path), run=str(tmp_path / run),
+        steps=steps, resume=resume, out=str(out),
+    )  # fmt: skip
+    port = _free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env={
+                **os.environ,
+                "RANK": str(r),
+                "WORLD_SIZE": "2",
+                "LOCAL_RANK": str(r),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            },
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err[-2000:]
+    return torch.load(out, weights_only=True)
+
+
+def test_a_ddp_resume_restores_every_ranks_own_random_state(tmp_path):
+    # defect 6: every rank resumed with rank 0's RNG state, so dropout masks went identical
+    from wtnmt.data import prepare
+
+    config = tiny_run_config(tmp_path, n_train=300, model={"dropout": 0.3})
+    prepare(config.data, config.data.prepared_path(), log=lambda m: None)  # no race to build it
+    straight = _ddp(tmp_path, "straight", 6, resume=False)
+    _ddp(tmp_path, "split", 3, resume=False)
+    resumed = _ddp(tmp_path, "split", 6, resume=True)
+    for name, value in straight.items():
+        assert torch.equal(value, resumed[name]), name

@@ -62,7 +62,11 @@ class Vocabulary:
         self.path = Path(model_file)
         if not self.path.is_file():
             raise DataError(f"{self.path}: no sentencepiece model there")
-        self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
+        try:
+            self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
+        except (RuntimeError, OSError) as e:  # sentencepiece's word for a damaged file
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise DataError(f"{self.path}: not a readable sentencepiece model ({reason})") from None
         specials = (self.sp.pad_id(), self.sp.bos_id(), self.sp.eos_id(), self.sp.unk_id())
         if specials != (PAD, BOS, EOS, UNK):
             raise DataError(

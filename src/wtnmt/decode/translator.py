@@ -18,14 +18,13 @@ from pathlib import Path
 
 import torch
 
-from wtnmt.config import RunConfig, load_config
+from wtnmt.config import RunConfig
 from wtnmt.data.vocab import Vocabulary
 from wtnmt.decode.attention import LayerAttention, cross_attention
 from wtnmt.decode.search import Hypothesis, beam_search, greedy_search
-from wtnmt.errors import CheckpointError
-from wtnmt.model import BranchWeights, build_model, override_branch_weights
+from wtnmt.model import BranchWeights, override_branch_weights
+from wtnmt.rundir import load_run
 from wtnmt.special import BOS, EOS, PAD
-from wtnmt.train.checkpoint import load_weights
 
 
 @dataclass(frozen=True)
@@ -56,14 +55,7 @@ class Translator:
     def load(
         cls, run_dir: str | Path, *, device: str = "cpu", weights: str = "model.safetensors"
     ) -> Translator:
-        run = Path(run_dir)
-        for name in ("config.yaml", "spm.model", weights):
-            if not (run / name).is_file():
-                raise CheckpointError(f"{run}: no {name} there; is it a wtnmt run directory?")
-        config = load_config(run / "config.yaml")
-        vocab = Vocabulary(run / "spm.model")
-        model = build_model(config.model, vocab_size=len(vocab))
-        load_weights(model, run / weights)
+        config, vocab, model = load_run(run_dir, weights=weights)
         return cls(model.to(device), vocab, config, torch.device(device))
 
     def set_branch_weights(self, how: str, *, seed: int = 0) -> None:

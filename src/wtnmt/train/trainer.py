@@ -19,7 +19,6 @@ import importlib.util
 import json
 import math
 import os
-import shutil
 import sys
 import time
 from contextlib import nullcontext
@@ -29,24 +28,24 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import yaml
 from torch import nn
 
 from wtnmt.config import RunConfig, config_to_dict
 from wtnmt.data import Batch, ParallelData, Vocabulary, plan_batches, prepare
+from wtnmt.data.corpora import sha256_of
 from wtnmt.disagreement import disagreement
 from wtnmt.errors import TrainingError
 from wtnmt.loss import label_smoothed_cross_entropy
 from wtnmt.model import BranchWeights, branch_weight_table, build_model, project_branch_weights
-from wtnmt.special import PAD
-from wtnmt.train.checkpoint import (
-    atomic_write,
+from wtnmt.rundir import (
+    RunDirectory,
     latest_checkpoint,
     load_weights,
     prune_checkpoints,
     save_checkpoint,
     save_weights,
 )
+from wtnmt.special import PAD
 from wtnmt.train.schedule import branch_lr, branch_weights_frozen, inverse_sqrt
 from wtnmt.train.state import InterruptFlag, TrainState, Window, make_adam, resolve_device
 from wtnmt.train.validation import valid_references, validate
@@ -87,6 +86,7 @@ class Trainer:
         self._prepare_run_dir(resume, data_dir)
         spm = self.data_dir / "spm.model"
         self.vocab = Vocabulary(spm) if spm.is_file() else None
+        self.vocab_sha256 = sha256_of(spm) if spm.is_file() else None
         if vocab_size is None:
             if self.vocab is None:
                 raise TrainingError(f"{self.data_dir}: no spm.model: prepare the data first")
@@ -121,22 +121,27 @@ class Trainer:
     # Run directory, logging, checkpoints
 
     def _prepare_run_dir(self, resume: bool, data_dir: str | Path | None) -> None:
+        """Check the run directory, then prepare the data and write config and vocabulary.
+
+        A resume is checked against the run's last checkpoint (model and data settings, then
+        the vocabulary) before config.yaml or spm.model is written.
+        """
         c = self.config.data
         self.data_dir = Path(data_dir if data_dir is not None else c.prepared_path())
-        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.rundir = RunDirectory(self.run_dir)
+        self.ckpt_dir = self.rundir.checkpoints
+        self._resume_from: tuple[Path, dict[str, Any]] | None = None
         if self.is_main:
-            if not resume and (self.ckpt_dir.is_dir() and any(self.ckpt_dir.iterdir())):
-                raise TrainingError(
-                    f"{self.run_dir} already holds a run: add --resume to continue it, or "
-                    "choose another --out"
-                )
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.rundir.lock()
+            if resume:
+                self._resume_from = self.rundir.resume_point(self.config, warn=self.log)
+            else:
+                self.rundir.check_new()
             if data_dir is None:
                 prepare(c, self.data_dir, log=self.log)
-            if (self.data_dir / "spm.model").is_file():
-                shutil.copyfile(self.data_dir / "spm.model", self.run_dir / "spm.model")
-            text = yaml.safe_dump(config_to_dict(self.config), sort_keys=False)
-            atomic_write(self.run_dir / "config.yaml", text.encode())
+            if self._resume_from is not None:
+                self.rundir.check_vocabulary(self._resume_from[1], self.data_dir / "spm.model")
+            self.rundir.write_setup(self.config, self.data_dir / "spm.model")
         if self.world > 1:
             dist.barrier()
 
@@ -161,24 +166,39 @@ class Trainer:
                 self.tensorboard.flush()
 
     def save(self) -> None:
+        rng = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state()
+        every_rank = [rng]
+        if self.world > 1:  # each rank's own dropout stream, so that a resume is exact
+            every_rank = [None] * self.world
+            dist.all_gather_object(every_rank, rng)
         if self.is_main:
-            rng = {"cpu": torch.get_rng_state()}
-            if torch.cuda.is_available():
-                rng["cuda"] = torch.cuda.get_rng_state()
             state = {
                 "train_state": asdict(self.state),
                 "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict(),
                 "rng": rng,
+                "rng_per_rank": every_rank,
+                "config": config_to_dict(self.config),  # what a resume is checked against
+                "vocab_sha256": self.vocab_sha256,
             }
-            save_checkpoint(self.ckpt_dir, self.state.step, self.model, state)
+            try:
+                save_checkpoint(self.ckpt_dir, self.state.step, self.model, state)
+            except OSError as e:  # a full disk, a lost mount: the last checkpoint is untouched
+                found = latest_checkpoint(self.ckpt_dir, warn=lambda _: None)
+                kept = f"{found[0].name} is intact" if found else "there is no earlier one"
+                raise TrainingError(
+                    f"cannot write the checkpoint of step {self.state.step} in {self.ckpt_dir}: "
+                    f"{e.strerror or e}; {kept}"
+                ) from None
             best = self.ckpt_dir / f"step_{self.state.best_step or 0:07d}.state.pt"
             prune_checkpoints(self.ckpt_dir, self.tc.keep_checkpoints, protect={best})
         if self.world > 1:
             dist.barrier()
 
     def _resume(self) -> None:
-        found = latest_checkpoint(self.ckpt_dir, warn=self.log)
+        found = self._resume_from or latest_checkpoint(self.ckpt_dir, warn=self.log)
         if found is None:
             raise TrainingError(f"--resume: no complete checkpoint in {self.ckpt_dir}")
         path, state = found
@@ -187,9 +207,13 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.state = TrainState(**state["train_state"])
         self.state.finished = None
-        torch.set_rng_state(state["rng"]["cpu"])
-        if "cuda" in state["rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state(state["rng"]["cuda"])
+        per_rank = state.get("rng_per_rank") or [state["rng"]]
+        rng = per_rank[self.rank] if len(per_rank) == self.world else state["rng"]
+        if len(per_rank) != self.world:
+            self.log(f"warning: saved with {len(per_rank)} processes, resumed with {self.world}")
+        torch.set_rng_state(rng["cpu"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
         self.log(
             f"resumed from {path.name}: step {self.state.step}, epoch {self.state.epoch}, "
             f"batch {self.state.batch_in_epoch}"
@@ -423,6 +447,13 @@ class Trainer:
         )
 
     def run(self) -> TrainState:
+        """Train until a stop condition; the run directory is let go however it ends."""
+        try:
+            return self._train()
+        finally:
+            self.rundir.unlock()
+
+    def _train(self) -> TrainState:
         s, tc = self.state, self.tc
         self.model.train()
         save_every = tc.save_every or tc.valid_every

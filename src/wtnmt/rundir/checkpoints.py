@@ -11,59 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from wtnmt.errors import CheckpointError
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def weights_bytes(model: nn.Module) -> bytes:
-    """The model's tensors as safetensors bytes (contiguous copies; no shared storage)."""
-    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
-    with tempfile.TemporaryDirectory() as d:
-        save_file(tensors, os.path.join(d, "w.safetensors"))
-        return Path(d, "w.safetensors").read_bytes()
-
-
-def save_weights(model: nn.Module, path: Path) -> str:
-    data = weights_bytes(model)
-    atomic_write(path, data)
-    return hashlib.sha256(data).hexdigest()
-
-
-def load_weights(model: nn.Module, path: Path) -> None:
-    """Load safetensors weights into ``model`` (never unpickles)."""
-    try:
-        tensors = load_file(str(path))
-    except Exception as e:  # safetensors raises its own error types
-        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{path}: weights do not fit this model (missing {missing[:3]}, unexpected "
-            f"{unexpected[:3]}): was it trained with another config?"
-        )
+from wtnmt.rundir.files import atomic_write, save_weights
 
 
 def save_checkpoint(directory: Path, step: int, model: nn.Module, state: dict[str, Any]) -> Path:

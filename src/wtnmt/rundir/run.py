@@ -1,0 +1,151 @@
+"""A run directory: what `wtnmt train` writes and `translate`, `evaluate` and `serve` read.
+
+    config.yaml        the resolved config        spm.model          the vocabulary
+    checkpoints/       step_*.safetensors + step_*.state.pt (the last K, and the best)
+    metrics.jsonl      one JSON object per logged step and per validation
+    train.log          the log lines             model.safetensors   the weights to use
+    .lock              held by the process that writes the run
+
+Training and decoding share this one way in. A new run is refused where a run already is; a
+resume is checked against what the run's last checkpoint recorded (model config, data
+options, vocabulary hash) before anything in the directory changes; a second process writing
+the same run is refused; loading for decoding answers a missing, damaged or mismatched file
+with one line.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from wtnmt.config import ConfigError, RunConfig, config_to_dict, load_config
+from wtnmt.data.corpora import sha256_of
+from wtnmt.data.io import DataError
+from wtnmt.data.vocab import Vocabulary
+from wtnmt.errors import CheckpointError, TrainingError
+from wtnmt.rundir.checkpoints import latest_checkpoint, list_checkpoints
+from wtnmt.rundir.files import atomic_write, load_weights
+
+# where the data lies, not what it is: these may change between a run and its resume
+RELOCATABLE = {("data", "prepared_dir"), ("data", "corpus_dir")}
+
+
+def config_differences(trained: dict[str, Any], asked: dict[str, Any]) -> list[str]:
+    """``section.key old → new`` for every model and data key that differs."""
+    found = []
+    for section in ("model", "data"):
+        old, new = trained.get(section, {}), asked.get(section, {})
+        for key in sorted(set(old) | set(new)):
+            if (section, key) not in RELOCATABLE and old.get(key) != new.get(key):
+                found.append(f"{section}.{key} {old.get(key)!r} → {new.get(key)!r}")
+    return found
+
+
+class RunDirectory:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.config_path = self.path / "config.yaml"
+        self.vocab_path = self.path / "spm.model"
+        self.weights_path = self.path / "model.safetensors"
+        self.checkpoints = self.path / "checkpoints"
+        self._lock_fd: int | None = None
+
+    # ------------------------------------------------------------------------ writing a run
+    def lock(self) -> None:
+        """Make sure no other process writes this run (a POSIX lock on ``.lock``, held until
+        ``unlock`` or the end of this process)."""
+        if self.path.exists() and not self.path.is_dir():
+            raise TrainingError(f"{self.path}: is a file; --out names the run directory")
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            owner = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise TrainingError(
+                f"{self.path}: another process (pid {owner}) is writing this run; wait for it "
+                f"to end, or give another --out"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing releases the lock
+            self._lock_fd = None
+
+    def check_new(self) -> None:
+        if list_checkpoints(self.checkpoints):
+            raise TrainingError(
+                f"{self.path} already holds a run: add --resume to continue it, or choose "
+                f"another --out"
+            )
+
+    def resume_point(self, config: RunConfig, warn=print) -> tuple[Path, dict[str, Any]]:  # type: ignore[no-untyped-def]
+        """The checkpoint to continue from, once ``config`` is known to ask for the run's own
+        model and data. Reads only: nothing in the directory changes."""
+        found = latest_checkpoint(self.checkpoints, warn=warn)
+        if found is None:
+            raise TrainingError(f"--resume: no complete checkpoint in {self.checkpoints}")
+        path, state = found
+        trained = state.get("config")
+        if trained is None and self.config_path.is_file():  # a checkpoint from before records
+            trained = yaml.safe_load(self.config_path.read_text(encoding="utf-8"))
+        differences = config_differences(trained or {}, config_to_dict(config))
+        if differences:
+            raise TrainingError(
+                f"--resume: {self.path} was trained with other settings: "
+                f"{'; '.join(differences)}. A resumed run keeps its model and data; give "
+                f"another --out to train a new one"
+            )
+        return path, state
+
+    def check_vocabulary(self, state: dict[str, Any], vocab_file: Path) -> None:
+        """Refuse to resume on a vocabulary other than the one the run was trained with."""
+        recorded = state.get("vocab_sha256")
+        if recorded is None and self.vocab_path.is_file():
+            recorded = sha256_of(self.vocab_path)
+        if recorded is not None and vocab_file.is_file() and sha256_of(vocab_file) != recorded:
+            raise TrainingError(
+                f"--resume: the vocabulary {vocab_file} is not the one {self.path} was trained "
+                f"with (its training data changed since): the weights would read other ids; "
+                f"give another --out to train a new run"
+            )
+
+    def write_setup(self, config: RunConfig, vocab_file: Path) -> None:
+        """config.yaml and spm.model, each written atomically."""
+        text = yaml.safe_dump(config_to_dict(config), sort_keys=False)
+        atomic_write(self.config_path, text.encode())
+        if vocab_file.is_file():
+            atomic_write(self.vocab_path, vocab_file.read_bytes())
+
+
+# ---------------------------------------------------------------------------- reading a run
+def load_run(path: str | Path, *, weights: str = "model.safetensors"):  # type: ignore[no-untyped-def]
+    """(config, vocabulary, model with the weights) of a run, for decoding; every problem
+    with its files is a CheckpointError naming the file."""
+    from wtnmt.model import build_model
+
+    run = Path(path)
+    if not run.is_dir():
+        raise CheckpointError(f"{run}: no such run directory")
+    for name in ("config.yaml", "spm.model", weights):
+        if not (run / name).is_file():
+            raise CheckpointError(f"{run}: no {name} there; is it a wtnmt run directory?")
+    try:
+        config = load_config(run / "config.yaml")
+        vocab = Vocabulary(run / "spm.model")
+    except (ConfigError, DataError) as e:
+        raise CheckpointError(str(e)) from None
+    model = build_model(config.model, vocab_size=len(vocab))
+    load_weights(model, run / weights)
+    return config, vocab, model
+
+
+__all__ = ["RunDirectory", "config_differences", "load_run"]
