@@ -7,6 +7,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from wtnmt.config import (
     ConfigError,
@@ -234,11 +235,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return main_serve(args)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a mistake is one line on stderr (the usage is one --help away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="wtnmt", description="Weighted Transformer neural machine translation."
+    parser = _Parser(prog="wtnmt", description="Weighted Transformer neural machine translation.")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = commands.add_parser(
         "prepare",

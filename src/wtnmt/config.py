@@ -387,11 +387,12 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
 def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - names)
+    unknown = sorted(set(values) - names, key=str)
     if unknown:
         where = f"{prefix}." if prefix else ""
+        key = unknown[0] if str(unknown[0]).isidentifier() else repr(unknown[0])
         raise ConfigError(
-            f"unknown config key {where}{unknown[0]}: allowed keys in "
+            f"unknown config key {where}{key}: allowed keys in "
             f"{prefix or 'the top level'} are {', '.join(sorted(names))}"
         )
     kwargs = {

@@ -123,13 +123,14 @@ def locate(corpus: Corpus, *, explicit: str | Path | None = None) -> Path:
             url = f"{mirror.rstrip('/')}/{corpus.directory}/{f.name}" if mirror else f.url
             download(url, target, sha256=f.sha256)
     except (urllib.error.URLError, OSError) as e:
-        looked = "\n".join(f"  - {what}: {path}" for what, path in candidates)
+        looked = "; ".join(f"{what} {path}" for what, path in candidates)
         names = ", ".join(f.name for f in corpus.files)
-        raise DataError(
+        raise DataError(  # one line, as every error the command line reports
             f"corpus {corpus.name!r}: its files ({names}) are not on this machine and the "
-            f"download failed ({e}).\nLooked in:\n{looked}\nProvide the files in one of "
-            f"those directories (set WTNMT_DATA to a folder holding {corpus.directory}/), or "
-            "pass the directory explicitly, or set WTNMT_MIRROR to a mirror's address."
+            f"download failed ({str(e).strip()}); looked in {looked}. Provide the files in "
+            f"one of those directories (set WTNMT_DATA to a folder holding "
+            f"{corpus.directory}/), or pass the directory explicitly, or set WTNMT_MIRROR to "
+            f"a mirror's address"
         ) from None
     return cache
 
