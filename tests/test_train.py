@@ -131,6 +131,7 @@ def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_last_complete_
         train={"max_steps": 8, "save_every": 1, "valid_every": 100, "keep_checkpoints": 10},
     )
     assert Trainer(config, run, resume=True, **QUIET).run().step == 8
+    assert not list((run / "checkpoints").glob(".*.tmp"))  # the killed writer's debris is gone
     reference = tiny_run_config(
         tmp_path, train={"max_steps": 8, "save_every": 100, "valid_every": 100}
     )

@@ -74,6 +74,9 @@ class RunDirectory:
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._lock_fd = fd
+        # the only writer now: temporary files of a writer that was killed are debris
+        for debris in [*self.path.glob(".*.tmp"), *self.checkpoints.glob(".*.tmp")]:
+            debris.unlink(missing_ok=True)
 
     def unlock(self) -> None:
         if self._lock_fd is not None:

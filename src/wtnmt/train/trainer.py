@@ -15,8 +15,6 @@ The run directory::
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import math
 import os
 import sys
@@ -36,7 +34,7 @@ from wtnmt.data.corpora import sha256_of
 from wtnmt.disagreement import disagreement
 from wtnmt.errors import TrainingError
 from wtnmt.loss import label_smoothed_cross_entropy
-from wtnmt.model import BranchWeights, branch_weight_table, build_model, project_branch_weights
+from wtnmt.model import BranchWeights, build_model, project_branch_weights
 from wtnmt.rundir import (
     RunDirectory,
     latest_checkpoint,
@@ -46,6 +44,7 @@ from wtnmt.rundir import (
     save_weights,
 )
 from wtnmt.special import PAD
+from wtnmt.train.report import RunReport
 from wtnmt.train.schedule import branch_lr, branch_weights_frozen, inverse_sqrt
 from wtnmt.train.state import InterruptFlag, TrainState, Window, make_adam, resolve_device
 from wtnmt.train.validation import valid_references, validate
@@ -83,6 +82,7 @@ class Trainer:
                 self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         if self.tc.threads:
             torch.set_num_threads(self.tc.threads)
+        self.report = RunReport(self.run_dir, is_main=self.is_main, to_stderr=log_to_stderr)
         self._prepare_run_dir(resume, data_dir)
         spm = self.data_dir / "spm.model"
         self.vocab = Vocabulary(spm) if spm.is_file() else None
@@ -108,11 +108,6 @@ class Trainer:
             self.ddp = nn.parallel.DistributedDataParallel(self.model)
         self.scaler = torch.amp.GradScaler(enabled=self.tc.precision == "fp16")
         self.state = TrainState()
-        self.tensorboard = None  # TensorBoard events, when tensorboard is installed
-        if self.is_main and importlib.util.find_spec("tensorboard") is not None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tensorboard = SummaryWriter(str(self.run_dir / "tensorboard"))
         torch.manual_seed(self.tc.seed + self.rank)  # dropout differs across ranks
         if resume:
             self._resume()
@@ -146,24 +141,10 @@ class Trainer:
             dist.barrier()
 
     def log(self, message: str) -> None:
-        if not self.is_main:
-            return
-        stamp = time.strftime("%H:%M:%S")
-        line = f"[{stamp}] {message}"
-        if self.log_to_stderr:
-            print(line, file=sys.stderr, flush=True)
-        with open(self.run_dir / "train.log", "a", encoding="utf-8") as f:
-            f.write(line + "\n")
+        self.report.log(message)
 
     def record(self, entry: dict[str, Any]) -> None:
-        if self.is_main:
-            with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-                f.write(json.dumps(entry) + "\n")
-            if self.tensorboard is not None:
-                for key, value in entry.items():
-                    if key != "step" and isinstance(value, (int, float)):
-                        self.tensorboard.add_scalar(key, value, entry["step"])
-                self.tensorboard.flush()
+        self.report.record(entry)
 
     def save(self) -> None:
         rng = {"cpu": torch.get_rng_state()}
@@ -378,48 +359,6 @@ class Trainer:
             return f"no validation improvement in {tc.patience} validations (patience)"
         return None
 
-    def _log_step(
-        self, window: Window, lr: float, lr_b: float, ratio: float | None, progress
-    ) -> Window:  # type: ignore[no-untyped-def]
-        s = self.state
-        seconds = time.perf_counter() - window.start
-        loss, nll = window.loss / max(window.tokens, 1), window.nll / max(window.tokens, 1)
-        entry: dict[str, Any] = {
-            "step": s.step,
-            "epoch": s.epoch,
-            "loss": round(loss, 4),
-            "nll": round(nll, 4),
-            "ppl": round(math.exp(min(nll, 50)), 2),
-            "lr": lr,
-            "lr_branch": lr_b,
-            "grad_norm": round(window.grad_norm / max(window.updates, 1), 4),
-            "tokens_per_s": round(window.tokens * self.world / max(seconds, 1e-9), 1),
-            "elapsed": round(s.elapsed, 1),
-            "nonfinite_skipped": s.nonfinite_total,
-            "branch_weights": branch_weight_table(self.model),
-        }
-        if self.model.transparent is not None:
-            with torch.no_grad():
-                entry["transparent_weights"] = self.model.transparent.weight.softmax(0).tolist()
-        if ratio is not None:
-            entry["grad_ratio"] = ratio
-        self.record(entry)
-        text = (
-            f"step {s.step} | epoch {s.epoch} | loss {loss:.3f} | nll {nll:.3f} | "
-            f"ppl {entry['ppl']:.1f} | lr {lr:.2e} | lr κα {lr_b:.2e} | gnorm "
-            f"{entry['grad_norm']:.2f} | {entry['tokens_per_s']:.0f} tok/s | "
-            f"{s.elapsed:.0f}s"
-        )
-        if progress is not None:
-            progress.set_postfix_str(
-                f"step {s.step} | loss {loss:.3f} | {entry['tokens_per_s']:.0f} tok/s"
-            )
-            with open(self.run_dir / "train.log", "a", encoding="utf-8") as f:
-                f.write(text + "\n")
-        else:
-            self.log(text)
-        return Window()
-
     def _validate_and_keep_best(self) -> None:
         scores = self.validate()
         if self.tc.best_metric == "bleu" and "valid_bleu" not in scores:
@@ -525,7 +464,11 @@ class Trainer:
                     if progress is not None:
                         progress.update(time.perf_counter() - start if progress.unit == "s" else 1)
                     if s.step % tc.log_every == 0:
-                        window = self._log_step(window, lr, lr_b, ratio, progress)
+                        self.report.step(
+                            s, window, model=self.model, lr=lr, lr_branch=lr_b, ratio=ratio,
+                            world=self.world, progress=progress,
+                        )  # fmt: skip
+                        window = Window()
                     if s.step % tc.valid_every == 0:
                         try:
                             self._validate_and_keep_best()

@@ -1,0 +1,111 @@
+"""What a training run reports: log lines (stderr and train.log), one metrics.jsonl entry per
+logged step and per validation, and TensorBoard events of the same values when tensorboard is
+installed. Only the main process writes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from wtnmt.model import branch_weight_table
+from wtnmt.train.state import TrainState, Window
+
+
+class RunReport:
+    def __init__(self, run_dir: Path, *, is_main: bool, to_stderr: bool) -> None:
+        self.run_dir, self.is_main, self.to_stderr = run_dir, is_main, to_stderr
+        self._tensorboard: Any = None
+        self._looked_for_tensorboard = False
+
+    @property
+    def tensorboard(self) -> Any:
+        """The event writer, opened at the first entry: by then the run directory has been
+        checked, so a refused resume never gains a tensorboard/ folder."""
+        if not self._looked_for_tensorboard:
+            self._looked_for_tensorboard = True
+            if importlib.util.find_spec("tensorboard") is not None:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tensorboard = SummaryWriter(str(self.run_dir / "tensorboard"))
+        return self._tensorboard
+
+    def log(self, message: str, *, stderr: bool = True) -> None:
+        if not self.is_main:
+            return
+        line = f"[{time.strftime('%H:%M:%S')}] {message}"
+        if self.to_stderr and stderr:
+            print(line, file=sys.stderr, flush=True)
+        with open(self.run_dir / "train.log", "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+    def record(self, entry: dict[str, Any]) -> None:
+        if not self.is_main:
+            return
+        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+        writer = self.tensorboard
+        if writer is not None:
+            for key, value in entry.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    writer.add_scalar(key, value, entry["step"])
+            writer.flush()
+
+    def step(
+        self,
+        state: TrainState,
+        window: Window,
+        *,
+        model: nn.Module,
+        lr: float,
+        lr_branch: float,
+        ratio: float | None,
+        world: int,
+        progress: Any,
+    ) -> None:
+        """The entry and log line of the updates in ``window`` (the progress bar, when there
+        is one, shows a short form and the line goes to train.log only)."""
+        s = state
+        seconds = time.perf_counter() - window.start
+        loss, nll = window.loss / max(window.tokens, 1), window.nll / max(window.tokens, 1)
+        entry: dict[str, Any] = {
+            "step": s.step,
+            "epoch": s.epoch,
+            "loss": round(loss, 4),
+            "nll": round(nll, 4),
+            "ppl": round(math.exp(min(nll, 50)), 2),
+            "lr": lr,
+            "lr_branch": lr_branch,
+            "grad_norm": round(window.grad_norm / max(window.updates, 1), 4),
+            "tokens_per_s": round(window.tokens * world / max(seconds, 1e-9), 1),
+            "elapsed": round(s.elapsed, 1),
+            "nonfinite_skipped": s.nonfinite_total,
+            "branch_weights": branch_weight_table(model),
+        }
+        if model.transparent is not None:
+            with torch.no_grad():
+                entry["transparent_weights"] = model.transparent.weight.softmax(0).tolist()
+        if ratio is not None:
+            entry["grad_ratio"] = ratio
+        self.record(entry)
+        text = (
+            f"step {s.step} | epoch {s.epoch} | loss {loss:.3f} | nll {nll:.3f} | "
+            f"ppl {entry['ppl']:.1f} | lr {lr:.2e} | lr κα {lr_branch:.2e} | gnorm "
+            f"{entry['grad_norm']:.2f} | {entry['tokens_per_s']:.0f} tok/s | "
+            f"{s.elapsed:.0f}s"
+        )
+        if progress is not None:
+            progress.set_postfix_str(
+                f"step {s.step} | loss {loss:.3f} | {entry['tokens_per_s']:.0f} tok/s"
+            )
+        self.log(text, stderr=progress is None)
+
+
+__all__ = ["RunReport"]
