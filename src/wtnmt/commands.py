@@ -1,0 +1,235 @@
+"""What each `wtnmt` command does, given its parsed arguments (the parser is in
+``wtnmt.cli``). Heavy imports (torch, the model) happen inside the command that needs them."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from wtnmt.config import (
+    ConfigError,
+    DataConfig,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    parse_override,
+)
+
+
+def _data_config(args: argparse.Namespace) -> DataConfig:
+    """The data section of CONFIG (or the defaults) with the command line's choices on top,
+    typed and validated as a config file is."""
+    if (args.src is None) != (args.tgt is None):
+        raise ConfigError("--src and --tgt go together: give both")
+    if args.src and (args.corpus or args.tsv):
+        other = "--corpus" if args.corpus else "--tsv"
+        raise ConfigError(f"{other} and --src/--tgt name two sources of training data: give one")
+    data = config_to_dict(load_config(args.config, args.set))["data"] if args.config else {}
+    if not args.config:
+        for text in args.set:
+            keys, value = parse_override(text)
+            if keys[0] != "data" or len(keys) != 2:
+                raise ConfigError(f"--set {text!r}: without CONFIG only data.* keys apply")
+            data[keys[1]] = value
+    sources = {"corpus": args.corpus, "train_src": args.src, "train_tsv": args.tsv}
+    if any(sources.values()):  # the source given here replaces the config's
+        data.update(corpus=args.corpus, train_src=args.src, train_tgt=args.tgt, train_tsv=args.tsv)
+    for key in (
+        "src_lang",
+        "tgt_lang",
+        "vocab_size",
+        "corpus_dir",
+        "valid_src",
+        "valid_tgt",
+        "test_src",
+        "test_tgt",
+    ):
+        value = getattr(args, key)
+        if value is not None:
+            data[key] = value
+    return config_from_dict({"data": data}).data
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from wtnmt.data import format_summary, prepare
+
+    config = _data_config(args)
+    out = args.out or config.prepared_path()
+    summary = prepare(config, out, log=lambda m: print(m, file=sys.stderr), force=args.force)
+    print(format_summary(summary))
+    print(f"prepared data: {Path(out)}  (summary.json there)")
+    if args.json:
+        print(json.dumps(summary, indent=2, ensure_ascii=False))
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from wtnmt.runtime import tune_cpu_allocator
+    from wtnmt.train import Trainer
+
+    config = load_config(args.config, args.set)
+    out = Path(args.out or Path("runs") / Path(args.config).stem)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: is a file; --out names the run directory")
+    if out.resolve() == config.data.prepared_path().resolve():
+        raise ConfigError(
+            f"--out {out}: is the prepared-data directory (data.prepared_dir); "
+            f"give the run a directory of its own"
+        )
+    tune_cpu_allocator()
+    trainer = Trainer(config, out, resume=args.resume)
+    try:
+        state = trainer.run()
+    except KeyboardInterrupt:
+        return 130
+    print(
+        f"{out}: {state.step} steps, stopped because {state.finished}; weights in "
+        f"{out / 'model.safetensors'}"
+    )
+    return 0
+
+
+def _read_input(path: str | None):  # type: ignore[no-untyped-def]
+    """Lines of a file or of stdin, split on \\n only, strict UTF-8."""
+    from wtnmt.data.io import decode_lines, read_bytes
+
+    if path in (None, "-"):
+        return decode_lines(sys.stdin.buffer.read(), "<stdin>")
+    return decode_lines(read_bytes(path), path)
+
+
+def _check_output_file(path: str) -> None:
+    out = Path(path)
+    if out.is_dir():
+        raise ConfigError(f"-o {path}: is a directory; -o names the file to write")
+    if not out.parent.is_dir():
+        raise ConfigError(f"-o {path}: the directory {out.parent} does not exist")
+
+
+def nbest_lines(index: int, options, n: int) -> list[str]:  # type: ignore[no-untyped-def]
+    """``i ||| translation ||| score`` lines (Moses' n-best format, sentences counted from 0),
+    exactly ``n`` of them: places the search found no hypothesis for score -inf."""
+    lines = [f"{index} ||| {t.text} ||| {t.score:.4f}" for t in options[:n]]
+    return lines + [f"{index} |||  ||| -inf"] * (n - len(lines))
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    from wtnmt.data.io import stream_lines
+    from wtnmt.runtime import check_device, tune_cpu_allocator
+
+    for option in ("beam", "nbest", "chunk", "threads"):  # all before the model is loaded
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{option} {value}: must be at least 1")
+    check_device(args.device)
+    if args.output:
+        _check_output_file(args.output)
+
+    from wtnmt.decode.translator import Translator
+
+    tune_cpu_allocator()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    translator = Translator.load(args.run_dir, device=args.device)
+    beam = args.beam or translator.config.decode.beam
+    nbest = args.nbest or translator.config.decode.nbest
+    if nbest > beam:
+        given = f"--nbest {nbest}" if args.nbest else f"decode.nbest={nbest} (the run's config)"
+        raise ConfigError(f"{given} is more than the beam size {beam}: raise --beam")
+    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    try:
+        # each chunk is translated as soon as it is read, and its output flushed
+        for first, chunk in stream_lines(args.input, chunk=args.chunk):
+            results = translator.translate_nbest(
+                chunk,
+                beam=beam,
+                nbest=nbest,
+                first_line=first,
+                warn=lambda m: print(f"wtnmt translate: warning: {m}", file=sys.stderr),
+            )
+            for i, options in enumerate(results):
+                lines = (
+                    [options[0].text] if nbest == 1 else nbest_lines(first - 1 + i, options, nbest)
+                )
+                out.write("".join(line + "\n" for line in lines))
+            out.flush()
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from wtnmt.decode.evaluate import paired_bootstrap, score_corpus
+    from wtnmt.decode.translator import Translator
+    from wtnmt.runtime import tune_cpu_allocator
+
+    tune_cpu_allocator()
+    translator = Translator.load(args.run_dir, device=args.device)
+    if args.corpus:
+        from wtnmt.data.prepare import raw_split
+
+        data = dataclasses.replace(
+            translator.config.data,
+            corpus=args.corpus,
+            train_src=None,
+            train_tgt=None,
+            train_tsv=None,
+        )
+        pairs = raw_split(data, args.split)
+        src, refs = [p[0] for p in pairs], [p[1] for p in pairs]
+        name = f"{args.corpus}.{args.split}"
+    else:
+        src, refs = _read_input(args.src), _read_input(args.ref)
+        if len(src) != len(refs):
+            raise ConfigError(f"--src has {len(src)} lines but --ref has {len(refs)}")
+        name = Path(args.src).stem
+    if args.branch_weights != "learned":
+        translator.set_branch_weights(args.branch_weights, seed=args.seed)
+        name += f".{args.branch_weights}"
+    beam = args.beam or translator.config.decode.beam
+    print(f"translating {len(src):,} sentences with beam {beam}", file=sys.stderr)
+    hyps = translator.translate(src, beam=args.beam)
+    scores = score_corpus(hyps, refs)
+    scores["branch_weights"] = args.branch_weights
+    out = Path(args.run_dir) / "eval"
+    out.mkdir(exist_ok=True)
+    (out / f"{name}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    if args.compare:
+        other = Translator.load(args.compare, device=args.device).translate(src, beam=args.beam)
+        scores["compare"] = {
+            "run": str(args.compare),
+            **paired_bootstrap(refs, hyps, other, samples=args.samples),
+        }
+    (out / f"{name}.scores.json").write_text(json.dumps(scores, indent=2))
+    (Path(args.run_dir) / "scores.json").write_text(json.dumps(scores, indent=2))
+    print(
+        f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['n_sentences']} "
+        f"sentences)\n{scores['signature']}\n{scores['chrf_signature']}"
+    )
+    if args.compare:
+        c = scores["compare"]
+        print(
+            f"vs {args.compare}: BLEU {c['bleu']:.2f} ± {c['ci95']:.2f} against "
+            f"{c['baseline_bleu']:.2f} ± {c['baseline_ci95']:.2f}, p = {c['p_value']:.4f} "
+            f"(paired bootstrap)"
+        )
+    print(f"hypotheses: {out / (name + '.hyp')}   scores: {Path(args.run_dir) / 'scores.json'}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from wtnmt.demo import main_demo
+
+    return main_demo(args)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from wtnmt.serve.main import main_serve
+
+    return main_serve(args)

@@ -1,0 +1,42 @@
+"""Typed, validated run configuration.
+
+A run config has four sections, each a frozen dataclass: ``data``, ``model``, ``train`` and
+``decode`` (:mod:`wtnmt.config.sections`). YAML files and presets are loaded with
+:func:`load_config` (:mod:`wtnmt.config.loading`); a bad key or value raises
+:class:`ConfigError` naming the dotted key, the value and what is allowed. Only the builders
+read these objects; modules receive explicit keyword arguments. Importing it imports no torch.
+"""
+
+from wtnmt.config.loading import (
+    PRESET_DIR,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    parse_override,
+    resolve_preset,
+)
+from wtnmt.config.sections import (
+    ConfigError,
+    DataConfig,
+    DecodeConfig,
+    DisagreementConfig,
+    ModelConfig,
+    RunConfig,
+    TrainConfig,
+)
+
+__all__ = [
+    "PRESET_DIR",
+    "ConfigError",
+    "DataConfig",
+    "DecodeConfig",
+    "DisagreementConfig",
+    "ModelConfig",
+    "RunConfig",
+    "TrainConfig",
+    "config_from_dict",
+    "config_to_dict",
+    "load_config",
+    "parse_override",
+    "resolve_preset",
+]

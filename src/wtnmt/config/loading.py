@@ -1,0 +1,195 @@
+"""Loading run configs: YAML files and presets, ``--set`` overrides, plain dicts.
+
+Every key is checked against the section dataclasses' fields and their types on load (unknown
+keys are errors), then each section validates its values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+import yaml
+
+from wtnmt.config.sections import ConfigError, RunConfig
+
+# --------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------
+
+PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def _describe(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_describe(a) for a in get_args(tp))
+    if origin is tuple:
+        args = get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"a list of ({_describe(args[0])})"
+        return f"a list of {len(args)} values"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Check ``value`` against the annotation ``tp``; return it in the field's own type."""
+    origin = get_origin(tp)
+    if origin is Literal:
+        if value in get_args(tp):
+            return value
+    elif origin in (Union, types.UnionType):
+        for arg in get_args(tp):
+            try:
+                return _coerce(key, value, arg)
+            except ConfigError:
+                continue
+    elif origin is tuple:
+        args = get_args(tp)
+        if isinstance(value, (list, tuple)):
+            if len(args) == 2 and args[1] is Ellipsis:
+                return tuple(_coerce(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value))
+            if len(value) == len(args):
+                return tuple(
+                    _coerce(f"{key}[{i}]", v, a)
+                    for i, (v, a) in enumerate(zip(value, args, strict=True))
+                )
+    elif tp is type(None):
+        if value is None:
+            return None
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif dataclasses.is_dataclass(tp):
+        if isinstance(value, dict):
+            return _build(tp, value, key)
+    else:  # pragma: no cover - an annotation this loader does not know is a programming error
+        raise TypeError(f"unsupported config annotation {tp!r} for {key}")
+    raise ConfigError(f"{key}={value!r} is not allowed: expected {_describe(tp)}")
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names, key=str)
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        key = unknown[0] if str(unknown[0]).isidentifier() else repr(unknown[0])
+        raise ConfigError(
+            f"unknown config key {where}{key}: allowed keys in "
+            f"{prefix or 'the top level'} are {', '.join(sorted(names))}"
+        )
+    kwargs = {
+        name: _coerce(f"{prefix}.{name}" if prefix else name, value, hints[name])
+        for name, value in values.items()
+    }
+    return cls(**kwargs)
+
+
+def config_from_dict(values: dict[str, Any]) -> RunConfig:
+    """Build a validated :class:`RunConfig` from nested plain values (as YAML gives them)."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"a config must be a mapping of sections, got {type(values).__name__}")
+    return _build(RunConfig, values, "")
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """Plain nested values (tuples as lists), ready for YAML or JSON."""
+
+    def plain(value: Any) -> Any:
+        if dataclasses.is_dataclass(value):
+            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, tuple):
+            return [plain(v) for v in value]
+        return value
+
+    return plain(config)
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML as people write configs: PyYAML follows YAML 1.1, where a float needs a dot, so
+    ``adam_eps: 1e-9`` would be read as the string '1e-9'. This also reads ``1e-9`` and
+    ``2E0`` as floats, as YAML 1.2 does."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def _yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # a SafeLoader: no Python objects
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``section.key=value`` → (["section", "key"], value parsed as YAML)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected section.key=value")
+    key, raw = text.split("=", 1)
+    path = key.strip().split(".")
+    if len(path) < 2 or not all(path):
+        raise ConfigError(f"--set {text!r}: the key must name a section, e.g. model.d_model=256")
+    try:
+        return path, _yaml(raw) if raw.strip() else None
+    except yaml.YAMLError as e:
+        reason = str(getattr(e, "problem", None) or e).splitlines()[0]
+        raise ConfigError(f"--set {text!r}: the value is not valid YAML ({reason})") from None
+
+
+def resolve_preset(name_or_path: str | Path) -> Path:
+    """A config file path, or the name of a preset shipped in ``wtnmt/configs``."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    preset = PRESET_DIR / f"{name_or_path}.yaml"
+    if preset.is_file():
+        return preset
+    names = ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.yaml")))
+    raise ConfigError(
+        f"no config file {str(name_or_path)!r} and no preset of that name: presets are {names}"
+    )
+
+
+def load_config(source: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Load a YAML config (a path or a preset name) and apply ``--set`` overrides."""
+    path = resolve_preset(source)
+    with open(path, encoding="utf-8") as f:
+        try:
+            values = _yaml(f.read()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path}: a config must be a mapping of sections")
+    for text in overrides:
+        keys, value = parse_override(text)
+        node = values
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {text!r}: {k} is not a section")
+        node[keys[-1]] = value
+    try:
+        return config_from_dict(values)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
