@@ -38,3 +38,27 @@ def branch_weights_frozen(
         and elapsed >= max_time * (1.0 - freeze_fraction)
     )
     return by_steps or by_time
+
+
+def step_budget(max_steps: int | None, max_epochs: int | None, per_epoch: int | None) -> int | None:
+    """The updates a run may make: ``max_steps``, or what ``max_epochs`` of ``per_epoch``
+    updates allow if fewer, so that κ, α freeze in either kind of run."""
+    if max_epochs is None or per_epoch is None:
+        return max_steps
+    by_epochs = max_epochs * per_epoch
+    return by_epochs if max_steps is None else min(max_steps, by_epochs)
+
+
+def stop_reason(state, config) -> str | None:  # type: ignore[no-untyped-def]
+    """Why a run with ``state`` (a TrainState) should stop under ``config`` (its TrainConfig),
+    or None while it should go on."""
+    s, tc = state, config
+    if tc.max_steps is not None and s.step >= tc.max_steps:
+        return f"max_steps={tc.max_steps} reached"
+    if tc.max_time is not None and s.elapsed >= tc.max_time:
+        return f"max_time={tc.max_time:g}s reached"
+    if tc.max_epochs is not None and s.epoch >= tc.max_epochs:
+        return f"max_epochs={tc.max_epochs} reached"
+    if tc.patience is not None and s.bad_validations >= tc.patience:
+        return f"no validation improvement in {tc.patience} validations (patience)"
+    return None

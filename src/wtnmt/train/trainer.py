@@ -5,12 +5,8 @@ token over the whole update (and over every rank under DDP), then Adam with two 
 groups (the network on the inverse-√ schedule, κ/α on theirs), then the projection of κ and α
 onto the simplex, unless they are in their final frozen window.
 
-The run directory::
-
-    config.yaml        the resolved config        spm.model     the vocabulary
-    checkpoints/       step_*.safetensors + step_*.state.pt (the last K, and the best)
-    metrics.jsonl      one JSON object per logged step and per validation
-    train.log          the log lines             model.safetensors   the weights to use
+What a run writes, and how a resume is checked, is ``wtnmt.rundir``'s; what it reports,
+``train.report``'s; saving and restoring its state, ``train.resume``'s.
 """
 
 from __future__ import annotations
@@ -20,7 +16,6 @@ import os
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from wtnmt.config import RunConfig, config_to_dict
+from wtnmt.config import RunConfig
 from wtnmt.data import Batch, ParallelData, Vocabulary, plan_batches, prepare
 from wtnmt.data.corpora import sha256_of
 from wtnmt.disagreement import disagreement
@@ -37,15 +32,18 @@ from wtnmt.loss import label_smoothed_cross_entropy
 from wtnmt.model import BranchWeights, build_model, project_branch_weights
 from wtnmt.rundir import (
     RunDirectory,
-    latest_checkpoint,
-    load_weights,
-    prune_checkpoints,
-    save_checkpoint,
     save_weights,
 )
 from wtnmt.special import PAD
 from wtnmt.train.report import RunReport
-from wtnmt.train.schedule import branch_lr, branch_weights_frozen, inverse_sqrt
+from wtnmt.train.resume import resume_training, save_training
+from wtnmt.train.schedule import (
+    branch_lr,
+    branch_weights_frozen,
+    inverse_sqrt,
+    step_budget,
+    stop_reason,
+)
 from wtnmt.train.state import InterruptFlag, TrainState, Window, make_adam, resolve_device
 from wtnmt.train.validation import valid_references, validate
 
@@ -147,58 +145,10 @@ class Trainer:
         self.report.record(entry)
 
     def save(self) -> None:
-        rng = {"cpu": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state()
-        every_rank = [rng]
-        if self.world > 1:  # each rank's own dropout stream, so that a resume is exact
-            every_rank = [None] * self.world
-            dist.all_gather_object(every_rank, rng)
-        if self.is_main:
-            state = {
-                "train_state": asdict(self.state),
-                "optimizer": self.optimizer.state_dict(),
-                "scaler": self.scaler.state_dict(),
-                "rng": rng,
-                "rng_per_rank": every_rank,
-                "config": config_to_dict(self.config),  # what a resume is checked against
-                "vocab_sha256": self.vocab_sha256,
-            }
-            try:
-                save_checkpoint(self.ckpt_dir, self.state.step, self.model, state)
-            except OSError as e:  # a full disk, a lost mount: the last checkpoint is untouched
-                found = latest_checkpoint(self.ckpt_dir, warn=lambda _: None)
-                kept = f"{found[0].name} is intact" if found else "there is no earlier one"
-                raise TrainingError(
-                    f"cannot write the checkpoint of step {self.state.step} in {self.ckpt_dir}: "
-                    f"{e.strerror or e}; {kept}"
-                ) from None
-            best = self.ckpt_dir / f"step_{self.state.best_step or 0:07d}.state.pt"
-            prune_checkpoints(self.ckpt_dir, self.tc.keep_checkpoints, protect={best})
-        if self.world > 1:
-            dist.barrier()
+        save_training(self)
 
     def _resume(self) -> None:
-        found = self._resume_from or latest_checkpoint(self.ckpt_dir, warn=self.log)
-        if found is None:
-            raise TrainingError(f"--resume: no complete checkpoint in {self.ckpt_dir}")
-        path, state = found
-        load_weights(self.model, path.with_name(path.name.replace(".state.pt", ".safetensors")))
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scaler.load_state_dict(state["scaler"])
-        self.state = TrainState(**state["train_state"])
-        self.state.finished = None
-        per_rank = state.get("rng_per_rank") or [state["rng"]]
-        rng = per_rank[self.rank] if len(per_rank) == self.world else state["rng"]
-        if len(per_rank) != self.world:
-            self.log(f"warning: saved with {len(per_rank)} processes, resumed with {self.world}")
-        torch.set_rng_state(rng["cpu"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state(rng["cuda"])
-        self.log(
-            f"resumed from {path.name}: step {self.state.step}, epoch {self.state.epoch}, "
-            f"batch {self.state.batch_in_epoch}"
-        )
+        resume_training(self)
 
     # ---------------------------------------------------------------------------------------
     # One update
@@ -328,14 +278,10 @@ class Trainer:
         return batches
 
     def _step_budget(self) -> int | None:
-        """The updates the run may make: max_steps, or what max_epochs allows if fewer
-        (epochs of the first epoch's length), so that κ, α freeze in either kind of run."""
-        budget = self.tc.max_steps
+        per_epoch = None
         if self.tc.max_epochs is not None:
             per_epoch = math.ceil(len(self._epoch_batches(0)) / self.tc.update_freq)
-            by_epochs = self.tc.max_epochs * per_epoch
-            budget = by_epochs if budget is None else min(budget, by_epochs)
-        return budget
+        return step_budget(self.tc.max_steps, self.tc.max_epochs, per_epoch)
 
     def _frozen(self, budget: int | None) -> bool:
         return bool(self.branch_params) and branch_weights_frozen(
@@ -348,16 +294,7 @@ class Trainer:
         )
 
     def _stop_reason(self) -> str | None:
-        s, tc = self.state, self.tc
-        if tc.max_steps is not None and s.step >= tc.max_steps:
-            return f"max_steps={tc.max_steps} reached"
-        if tc.max_time is not None and s.elapsed >= tc.max_time:
-            return f"max_time={tc.max_time:g}s reached"
-        if tc.max_epochs is not None and s.epoch >= tc.max_epochs:
-            return f"max_epochs={tc.max_epochs} reached"
-        if tc.patience is not None and s.bad_validations >= tc.patience:
-            return f"no validation improvement in {tc.patience} validations (patience)"
-        return None
+        return stop_reason(self.state, self.tc)
 
     def _validate_and_keep_best(self) -> None:
         scores = self.validate()
