@@ -56,7 +56,7 @@ def write_config(directory: Path, files: dict[str, str], steps: int) -> Path:
     )  # fmt: skip
     values["model"].update(dropout=0.1)
     values["train"].update(
-        max_steps=steps, max_time=None, max_epochs=None, save_every=1, valid_every=3,
+        max_steps=steps, max_time=None, max_epochs=None, save_every=1, valid_every=VALID_EVERY,
         log_every=1, keep_checkpoints=3, threads=1, max_tokens=300, freeze_branch_weights=5,
     )  # fmt: skip
     path = directory / f"soak-{steps}.yaml"
@@ -86,7 +86,7 @@ def training_started(run: Path, lives: int) -> bool:
 
 def soak(config: Path, run: Path, *, kills: int, ddp: bool, window: float) -> dict[str, int]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = {"kills": 0, "mid_write": 0, "resumes": 0, "failed": 0, "lives": 0}
+    done = {"kills": 0, "resumes": 0, "failed": 0, "lives": 0}
     while True:
         resume = has_checkpoint(run)
         done["resumes"] += resume
@@ -109,13 +109,8 @@ def soak(config: Path, run: Path, *, kills: int, ddp: bool, window: float) -> di
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 done["kills"] += 1
-                partial = (
-                    list((run / "checkpoints").glob("*.tmp"))
-                    if (run / "checkpoints").is_dir()
-                    else []
-                )
-                done["mid_write"] += bool(partial)
-                moment = "while writing a checkpoint" if partial else "during training"
+                moment = kill_moment(run)
+                done[moment] = done.get(moment, 0) + 1
                 print(f"  life {done['lives']}: killed {moment} (step {latest_step(run)})")
                 continue
         _, err = proc.communicate()
@@ -129,6 +124,28 @@ def soak(config: Path, run: Path, *, kills: int, ddp: bool, window: float) -> di
             return done
         print(f"  life {done['lives']}: finished (step {latest_step(run)})", flush=True)
         return done
+
+
+VALID_EVERY = 3
+MOMENTS = ("during an update", "while writing a checkpoint", "during validation")
+
+
+def kill_moment(run: Path) -> str:
+    """Where a kill landed: a checkpoint half-written (its temporary file is left), a
+    validation under way (the last log line is the step it validates at, and its result is
+    not logged yet), or else an update (or the start-up around it)."""
+    checkpoints = run / "checkpoints"
+    if checkpoints.is_dir() and any(checkpoints.glob(".*.tmp")):
+        return MOMENTS[1]
+    lines = (run / "train.log").read_text().splitlines() if (run / "train.log").is_file() else []
+    last = lines[-1] if lines else ""
+    if "] step " in last and int(last.split("] step ")[1].split()[0]) % VALID_EVERY == 0:
+        return MOMENTS[2]
+    return MOMENTS[0]
+
+
+def moments(done: dict[str, int]) -> str:
+    return ", ".join(f"{done.get(m, 0)} {m}" for m in MOMENTS)
 
 
 def latest_step(run: Path) -> int:
@@ -184,8 +201,8 @@ def main() -> int:
         )
         ok = ok and same
         print(
-            f"{name}: {done['kills']} kills ({done['mid_write']} while a checkpoint was being "
-            f"written), {done['resumes']} resumes, {done['failed']} failed; final weights "
+            f"{name}: {done['kills']} kills ({moments(done)}), {done['resumes']} resumes, "
+            f"{done['failed']} failed; final weights "
             f"{'EQUAL' if same else 'DIFFERENT'} to the uninterrupted run's, bit for bit "
             f"({time.monotonic() - start:.0f} s)",
             flush=True,
