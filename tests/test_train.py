@@ -230,6 +230,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _two_processes(code: str) -> None:
+    """Run ``code`` as ranks 0 and 1 of a gloo process group on this machine."""
+    port = _free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env={
+                **os.environ,
+                "RANK": str(r),
+                "WORLD_SIZE": "2",
+                "LOCAL_RANK": str(r),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            },
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err[-2000:]
+
+
 def test_ddp_with_two_processes_equals_one_process_fed_the_same_global_batches(tmp_path):
     code = DDP_WORKER.format(
         tests=str(Path(__file__).parent),
@@ -251,26 +275,7 @@ def test_ddp_with_two_processes_equals_one_process_fed_the_same_global_batches(t
     )
     trainer = Trainer(single, tmp_path / "single", **QUIET)
     trainer.run()
-    port = _free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code],
-            env={
-                **os.environ,
-                "RANK": str(r),
-                "WORLD_SIZE": "2",
-                "LOCAL_RANK": str(r),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-            },
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    for p in procs:
-        _, err = p.communicate(timeout=240)
-        assert p.returncode == 0, err[-2000:]
+    _two_processes(code)
     ddp = torch.load(tmp_path / "ddp.pt", weights_only=True)
     one = trainer.model.state_dict()
     for name, value in one.items():
@@ -491,26 +496,7 @@ def _ddp(tmp_path: Path, run: str, steps: int, resume: bool) -> dict[str, torch.
         tests=str(Path(__file__).parent), tmp=str(tmp_path), run=str(tmp_path / run),
         steps=steps, resume=resume, out=str(out),
     )  # fmt: skip
-    port = _free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code],
-            env={
-                **os.environ,
-                "RANK": str(r),
-                "WORLD_SIZE": "2",
-                "LOCAL_RANK": str(r),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-            },
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    for p in procs:
-        _, err = p.communicate(timeout=240)
-        assert p.returncode == 0, err[-2000:]
+    _two_processes(code)
     return torch.load(out, weights_only=True)
 
 
