@@ -162,3 +162,17 @@ def test_the_lock_is_let_go_when_training_ends(trained, tmp_path):
     rundir.lock()
     rundir.unlock()
     assert time.monotonic() - start < 1
+
+
+def test_taking_the_lock_clears_only_the_debris_of_a_killed_writer(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    debris = [run / ".config.yaml.x1y2.tmp", run / "checkpoints" / ".step_0000003.state.pt.ab.tmp"]
+    mine = [run / ".notes.tmp", run / "draft.tmp", run / "checkpoints" / "keep.tmp"]
+    for path in debris + mine:
+        path.write_text("x")
+    rundir = RunDirectory(run)
+    rundir.lock()
+    rundir.unlock()
+    assert not any(p.exists() for p in debris)
+    assert all(p.exists() for p in mine)  # a user's files in the same directory stay

@@ -74,9 +74,13 @@ class RunDirectory:
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._lock_fd = fd
-        # the only writer now: temporary files of a writer that was killed are debris
-        for debris in [*self.path.glob(".*.tmp"), *self.checkpoints.glob(".*.tmp")]:
-            debris.unlink(missing_ok=True)
+        # the only writer now: the temporary files a killed writer left (atomic_write's
+        # names for the run's own files, nothing else in a directory the user may share)
+        names = [f".{f.name}.*.tmp" for f in (self.config_path, self.vocab_path, self.weights_path)]
+        debris = [p for name in names for p in self.path.glob(name)]
+        debris += self.checkpoints.glob(".step_*.tmp")
+        for path in debris:
+            path.unlink(missing_ok=True)
 
     def unlock(self) -> None:
         if self._lock_fd is not None:
