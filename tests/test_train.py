@@ -168,7 +168,7 @@ def test_resume_without_checkpoint_and_reuse_of_a_run_dir_are_refused(tmp_path):
 
 
 def test_a_nan_loss_is_skipped_and_counted(tmp_path, monkeypatch):
-    import wtnmt.train.trainer as trainer_module
+    import wtnmt.train.update as trainer_module  # where the loss of an update is computed
 
     real, calls = trainer_module.label_smoothed_cross_entropy, [0]
 
@@ -190,7 +190,7 @@ def test_a_nan_loss_is_skipped_and_counted(tmp_path, monkeypatch):
 
 
 def test_consecutive_nans_stop_the_run_with_a_checkpoint(tmp_path, monkeypatch):
-    import wtnmt.train.trainer as trainer_module
+    import wtnmt.train.update as trainer_module  # where the loss of an update is computed
 
     real = trainer_module.label_smoothed_cross_entropy
     monkeypatch.setattr(

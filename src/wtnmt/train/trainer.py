@@ -5,8 +5,9 @@ token over the whole update (and over every rank under DDP), then Adam with two 
 groups (the network on the inverse-√ schedule, κ/α on theirs), then the projection of κ and α
 onto the simplex, unless they are in their final frozen window.
 
-What a run writes, and how a resume is checked, is ``wtnmt.rundir``'s; what it reports,
-``train.report``'s; saving and restoring its state, ``train.resume``'s.
+One update is ``train.update``; what a run writes, and how a resume is checked,
+``wtnmt.rundir``; what it reports, ``train.report``; saving and restoring its state,
+``train.resume``.
 """
 
 from __future__ import annotations
@@ -26,15 +27,12 @@ from torch import nn
 from wtnmt.config import RunConfig
 from wtnmt.data import Batch, ParallelData, Vocabulary, plan_batches, prepare
 from wtnmt.data.corpora import sha256_of
-from wtnmt.disagreement import disagreement
 from wtnmt.errors import TrainingError
-from wtnmt.loss import label_smoothed_cross_entropy
 from wtnmt.model import BranchWeights, build_model, project_branch_weights
 from wtnmt.rundir import (
     RunDirectory,
     save_weights,
 )
-from wtnmt.special import PAD
 from wtnmt.train.report import RunReport
 from wtnmt.train.resume import resume_training, save_training
 from wtnmt.train.schedule import (
@@ -45,6 +43,7 @@ from wtnmt.train.schedule import (
     stop_reason,
 )
 from wtnmt.train.state import InterruptFlag, TrainState, Window, make_adam, resolve_device
+from wtnmt.train.update import update
 from wtnmt.train.validation import valid_references, validate
 
 
@@ -181,57 +180,8 @@ class Trainer:
     def update(
         self, batches: list[Batch], *, want_ratio: bool = False
     ) -> tuple[float, float, int, float, float | None]:
-        """Forward/backward over ``batches``, then one optimizer step (unless non-finite).
-
-        Returns (loss sum, nll sum, target tokens, gradient norm, r_t or None).
-        """
-        tokens = sum(b.target_tokens for b in batches)
-        total = torch.tensor(float(tokens), device=self.device)
-        if self.world > 1:
-            dist.all_reduce(total)
-        scale = self.world / float(total)  # DDP averages over ranks: undo it, divide by tokens
-        dis = self.tc.disagreement
-        need_internals = bool(dis.terms) and dis.weight > 0
-        loss_sum, nll_sum, ratio = 0.0, 0.0, None
-        for i, batch in enumerate(batches):
-            sync = i == len(batches) - 1 or self.world == 1
-            context = nullcontext() if sync else self.ddp.no_sync()  # type: ignore[operator]
-            src, tgt_in = batch.src.to(self.device), batch.tgt_in.to(self.device)
-            tgt_out = batch.tgt_out.to(self.device)
-            real = tgt_out.ne(PAD)
-            with context, self._autocast():
-                ratio_here = want_ratio and i == 0
-                out = self.ddp(
-                    src, tgt_in, logits_mask=real, need_internals=need_internals or ratio_here
-                )
-                loss_tok, nll_tok = label_smoothed_cross_entropy(
-                    out.logits, tgt_out[real], epsilon=self.tc.label_smoothing
-                )
-                loss = loss_tok.sum()
-                if need_internals:
-                    d = disagreement(out.internals, terms=dis.terms, modules=dis.modules)
-                    loss = loss - dis.weight * d * batch.target_tokens
-                if ratio_here:
-                    states = out.internals.encoder_states
-                    for h in (states[1], states[-1]):
-                        h.retain_grad()
-                self.scaler.scale(loss * scale).backward()
-            if ratio_here:
-                low, top = states[1].grad, states[-1].grad
-                ratio = float(low.norm() / top.norm().clamp_min(1e-30))
-            loss_sum += float(loss_tok.detach().sum())
-            nll_sum += float(nll_tok.sum())
-        self.scaler.unscale_(self.optimizer)
-        max_norm = self.tc.clip_norm if self.tc.clip_norm else float("inf")
-        grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
-        if not (math.isfinite(loss_sum) and math.isfinite(grad_norm)):
-            self.optimizer.zero_grad(set_to_none=True)
-            self.scaler.update()
-            raise FloatingPointError(f"loss {loss_sum}, gradient norm {grad_norm}")
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss_sum, nll_sum, tokens, grad_norm, ratio
+        """One optimizer update over ``batches`` (see ``train.update``)."""
+        return update(self, batches, want_ratio=want_ratio)
 
     # ---------------------------------------------------------------------------------------
     # Validation
