@@ -176,3 +176,20 @@ def test_taking_the_lock_clears_only_the_debris_of_a_killed_writer(tmp_path):
     rundir.unlock()
     assert not any(p.exists() for p in debris)
     assert all(p.exists() for p in mine)  # a user's files in the same directory stay
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "spm.model", "model.safetensors"])
+def test_a_new_run_never_overwrites_run_files_it_did_not_write(tmp_path, name):
+    run = tmp_path / "mine"
+    run.mkdir()
+    (run / name).write_text("the user's own file\n")
+    with pytest.raises(TrainingError, match=rf"{name}: wtnmt did not write this file"):
+        Trainer(tiny_run_config(tmp_path, train=STEPS), run, **QUIET)
+    assert (run / name).read_text() == "the user's own file\n"
+
+
+def test_a_new_run_may_go_where_a_killed_one_left_no_checkpoint(tmp_path):
+    config = tiny_run_config(tmp_path, train=STEPS)
+    Trainer(config, tmp_path / "run", **QUIET)  # wrote config.yaml and spm.model, then "died"
+    assert (tmp_path / "run" / "config.yaml").read_text().startswith("# written by wtnmt")
+    assert Trainer(config, tmp_path / "run", **QUIET).run().step == 4

@@ -32,6 +32,8 @@ from wtnmt.rundir.files import atomic_write, load_weights
 
 # where the data lies, not what it is: these may change between a run and its resume
 RELOCATABLE = {("data", "prepared_dir"), ("data", "corpus_dir")}
+# the first line of every config.yaml a run writes: what tells a run's files from a user's
+MARK = b"# written by wtnmt train: the resolved config of this run\n"
 
 
 def config_differences(trained: dict[str, Any], asked: dict[str, Any]) -> list[str]:
@@ -88,11 +90,20 @@ class RunDirectory:
             self._lock_fd = None
 
     def check_new(self) -> None:
+        """A new run may go into a new or empty directory, or one where a run of ours died
+        before its first checkpoint; never over run files wtnmt did not write."""
         if list_checkpoints(self.checkpoints):
             raise TrainingError(
                 f"{self.path} already holds a run: add --resume to continue it, or choose "
                 f"another --out"
             )
+        ours = self.config_path.is_file() and self.config_path.read_bytes().startswith(MARK)
+        for path in (self.config_path, self.vocab_path, self.weights_path):
+            if path.exists() and not ours:
+                raise TrainingError(
+                    f"{path}: wtnmt did not write this file, and a new run would overwrite it; "
+                    f"give --out a directory of its own"
+                )
 
     def resume_point(self, config: RunConfig, warn=print) -> tuple[Path, dict[str, Any]]:  # type: ignore[no-untyped-def]
         """The checkpoint to continue from, once ``config`` is known to ask for the run's own
@@ -128,7 +139,7 @@ class RunDirectory:
     def write_setup(self, config: RunConfig, vocab_file: Path) -> None:
         """config.yaml and spm.model, each written atomically."""
         text = yaml.safe_dump(config_to_dict(config), sort_keys=False)
-        atomic_write(self.config_path, text.encode())
+        atomic_write(self.config_path, MARK + text.encode())
         if vocab_file.is_file():
             atomic_write(self.vocab_path, vocab_file.read_bytes())
 
