@@ -511,3 +511,12 @@ def test_a_ddp_resume_restores_every_ranks_own_random_state(tmp_path):
     resumed = _ddp(tmp_path, "split", 6, resume=True)
     for name, value in straight.items():
         assert torch.equal(value, resumed[name]), name
+
+
+def test_the_metrics_end_with_the_last_step_whatever_log_every_is(tmp_path):
+    config = tiny_run_config(tmp_path, train={"max_steps": 5, "log_every": 3, "valid_every": 10})
+    Trainer(config, tmp_path / "run", **QUIET).run()
+    entries = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    logged = [e["step"] for e in entries if "loss" in e]
+    assert logged == [3, 5]  # 5: the two updates after the last log line, at the stop
+    assert entries[-2]["branch_weights"]  # the final κ/α are there to draw

@@ -384,6 +384,11 @@ class Trainer:
             if progress is not None:
                 progress.close()
         s.finished = reason
+        if window.updates:  # the updates since the last log line: metrics end at the last step
+            self.report.step(
+                s, window, model=self.model, lr=lr, lr_branch=lr_b, ratio=None,
+                world=self.world, progress=None,
+            )  # fmt: skip
         self.log(f"stopped: {reason}")
         if s.step % tc.valid_every != 0 or s.best is None:
             self._validate_and_keep_best()
