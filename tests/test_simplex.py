@@ -114,3 +114,13 @@ def test_softmax_weights_are_not_projected():
     after = [p for m in model.modules() if isinstance(m, BranchWeights) for p in (m.kappa, m.alpha)]
     for a, b in zip(before, after, strict=True):
         assert torch.equal(a, b)
+
+
+def test_projection_of_huge_values_does_not_fail():
+    # float32 rounds 1e30 − 1 to 1e30: no j passes the test in floating point, yet the answer
+    # (a vertex) exists; a learning rate far too high drives κ there, and training must report
+    # it as non-finite losses, not crash in the projection
+    v = torch.tensor([[1e30, 0.0, -1.0, 2.0], [3e9, 3e9, 0.0, 0.0]])
+    w = project_simplex(v)
+    assert torch.isfinite(w).all() and (w >= 0).all()
+    assert w.tolist() == [[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0]]

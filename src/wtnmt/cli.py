@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 from wtnmt.commands import (
+    cmd_analyze,
     cmd_demo,
     cmd_evaluate,
+    cmd_experiment,
     cmd_prepare,
     cmd_serve,
     cmd_train,
@@ -165,25 +168,70 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_serve_arguments(p)
     p.set_defaults(func=cmd_serve)
+
+    p = commands.add_parser(
+        "analyze",
+        help="the papers' figures and tables from trained runs (PNG, Markdown, HTML)",
+        description="Draw κ/α over training (Fig. 3), validation against training loss "
+        "(Fig. 2), dev BLEU and loss against steps and seconds, the steps each run took to a "
+        "dev BLEU; with the weights: branch weights replaced at test time (Table 3), "
+        "per-branch attention of one sentence, test scores at equal steps and the paired "
+        "bootstrap. Reads what the runs recorded; nothing is retrained.",
+    )
+    p.add_argument(
+        "runs", nargs="+", metavar="RUN", help="run directories; the first is the reference"
+    )
+    p.add_argument("--out", default="analysis", help="output directory (default ./analysis)")
+    p.add_argument(
+        "--target-bleu",
+        type=float,
+        help="dev BLEU to count steps to (default: the first run's best dev BLEU)",
+    )
+    p.add_argument("--smooth", type=int, default=1, help="mean filter of κ/α curves, in points")
+    p.add_argument("--random-seeds", type=int, default=3, help="draws of random κ, α (Table 3)")
+    p.add_argument("--sentence", type=int, default=0, help="test sentence of the attention maps")
+    p.add_argument(
+        "--no-decode",
+        action="store_true",
+        help="only what metrics and scores hold: no Table 3, attention, equal-step scores",
+    )
+    p.set_defaults(func=cmd_analyze)
+
+    p = commands.add_parser(
+        "experiment",
+        help="train, score and analyze a grid of runs (experiments/*.yaml)",
+        description="Run the grid of FILE: runs × seeds, a few at once, each in its own "
+        "process. Finished runs are skipped and interrupted ones resumed, so running it again "
+        "continues where it stopped; each run is scored on the test split, then analyzed.",
+    )
+    p.add_argument("grid", metavar="FILE", help="a grid file, e.g. experiments/multi30k-en-de.yaml")
+    p.add_argument("--dry-run", action="store_true", help="say what is left to do, do nothing")
+    p.set_defaults(func=cmd_experiment)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def run_guarded(command: str, body: Callable[[], int]) -> int:
+    """Run a command's body: a user's mistake is one line on stderr and exit status 2, Ctrl-C
+    is 130, never a traceback."""
     from wtnmt.data import DataError
     from wtnmt.errors import CheckpointError, TrainingError
 
+    try:
+        return body()
+    except (ConfigError, DataError, TrainingError, CheckpointError) as e:
+        print(f"wtnmt {command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"wtnmt {command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "evaluate" and not args.corpus and not (args.src and args.ref):
         parser.error("give --corpus NAME [--split SPLIT], or --src FILE and --ref FILE")
-    try:
-        return args.func(args)
-    except (ConfigError, DataError, TrainingError, CheckpointError) as e:
-        print(f"wtnmt {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"wtnmt {args.command}: interrupted", file=sys.stderr)
-        return 130
+    return run_guarded(args.command, lambda: args.func(args))
 
 
 if __name__ == "__main__":

@@ -233,3 +233,64 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from wtnmt.serve.main import main_serve
 
     return main_serve(args)
+
+
+def _positive(name: str, value: int, least: int = 1) -> None:
+    if value < least:
+        raise ConfigError(f"{name} {value}: must be at least {least}")
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from wtnmt.analysis.report import analyze
+
+    _positive("--smooth", args.smooth)
+    _positive("--random-seeds", args.random_seeds)
+    _positive("--sentence", args.sentence, least=0)
+    for run in args.runs:
+        if not (Path(run) / "metrics.jsonl").is_file() or not (Path(run) / "config.yaml").is_file():
+            raise ConfigError(f"{run}: not a run directory (no metrics.jsonl and config.yaml)")
+    analyze(
+        args.runs,
+        args.out,
+        target_bleu=args.target_bleu,
+        window=args.smooth,
+        random_seeds=args.random_seeds,
+        sentence=args.sentence,
+        decode=not args.no_decode,
+        say=lambda m: print(m, file=sys.stderr),
+    )
+    return 0
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from wtnmt.errors import TrainingError
+    from wtnmt.experiment import load_grid, run_grid
+
+    grid = load_grid(args.grid)
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    outcome = run_grid(grid, dry_run=args.dry_run, say=say)
+    if args.dry_run:
+        return 0
+    failed = {k: v for k, v in outcome.items() if v.startswith("failed")}
+    if grid.analyze is not None:
+        from wtnmt.analysis.report import analyze
+
+        runs = [s.run_dir for s in grid.runs if s.run_dir.joinpath("metrics.jsonl").is_file()]
+        if runs:
+            a = grid.analyze
+            analyze(
+                runs,
+                a.get("out", grid.out / f"report-{grid.path.stem}"),
+                target_bleu=a.get("target_bleu"),
+                window=a.get("smooth", 1),
+                random_seeds=a.get("random_seeds", 3),
+                sentence=a.get("attention_sentence", 0),
+                decode=a.get("decode", True),
+                say=say,
+            )
+    if failed:
+        raise TrainingError(
+            f"{len(failed)} of {len(outcome)} runs failed ({', '.join(failed)}); their logs "
+            f"are experiment.log in each run directory"
+        )
+    return 0

@@ -27,7 +27,7 @@ class LayerAttention:
 
 
 def _padded(seqs: list[list[int]], *, bos: bool, eos: bool) -> Tensor:
-    rows = [[BOS] * bos + s + [EOS] * eos for s in seqs]
+    rows = [[BOS] * bos + list(s) + [EOS] * eos for s in seqs]
     out = torch.full((len(rows), max(map(len, rows))), PAD, dtype=torch.long)
     for i, row in enumerate(rows):
         out[i, : len(row)] = torch.tensor(row, dtype=torch.long)

@@ -264,7 +264,12 @@ class Trainer:
         else:
             s.bad_validations += 1
         self.record(
-            {"step": s.step, **{k: round(v, 4) for k, v in scores.items()}, "best": improved}
+            {
+                "step": s.step,
+                "elapsed": round(s.elapsed, 1),
+                **{k: round(v, 4) for k, v in scores.items()},
+                "best": improved,
+            }
         )
         bleu = f" | BLEU {scores['valid_bleu']:.2f}" if "valid_bleu" in scores else ""
         self.log(

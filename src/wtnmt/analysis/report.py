@@ -1,0 +1,266 @@
+"""`wtnmt analyze RUN [RUN ...]`: the figures of the papers and the tables of numbers behind
+them, as PNG files, a Markdown summary (``summary.md``), one self-contained HTML report
+(``report.html``, figures embedded, nothing fetched) and ``analysis.json``.
+
+Everything is read from what the runs recorded (metrics.jsonl, scores.json, config.yaml) and
+their weights; nothing is retrained. What needs decoding (branch weights replaced at test
+time, test BLEU at equal steps, the attention maps, the bootstrap) is cached under each run's
+``eval/``; ``decode=False`` leaves it out.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from wtnmt.analysis import figures
+from wtnmt.analysis.tables import Run, Table, groups_table, runs_table, steps_to_bleu_table
+
+
+def _best(runs: list[Run]) -> Run | None:
+    """The run of the best dev BLEU (the test split is never used to choose)."""
+    scored = [r for r in runs if r.metrics.best_valid is not None]
+    return max(scored, key=lambda r: r.metrics.best_valid["valid_bleu"]) if scored else None  # type: ignore[index]
+
+
+def ablation_table(run: Run, random_seeds: int) -> Table:
+    from wtnmt.analysis.scoring import branch_weight_ablation
+
+    row = branch_weight_ablation(run.path, random_seeds=random_seeds)
+    table = Table(
+        f"Branch weights at test time (paper Table 3), {run.name}",
+        ["κ, α", "test BLEU", "test chrF"],
+        note=f"random: {random_seeds} draws (seeds 1–{random_seeds}), mean ± sd; the same "
+        "weights and beam otherwise",
+    )
+    table.rows.append(["learned", row["learned"]["bleu"], row["learned"]["chrf"]])
+    table.rows.append(["uniform", row["uniform"]["bleu"], row["uniform"]["chrf"]])
+    table.rows.append(
+        [
+            "random",
+            f"{row['random_bleu_mean']:.2f} ± {row['random_bleu_sd']:.2f}",
+            f"{row['random_chrf_mean']:.2f} ± {row['random_chrf_sd']:.2f}",
+        ]
+    )
+    return table
+
+
+def equal_steps_table(runs: list[Run]) -> Table | None:
+    """Test scores of every run at the fewest steps any run made: each run's checkpoint of the
+    best dev BLEU among validations up to that step (a faster model is cut back to it)."""
+    from wtnmt.analysis.scoring import score_run
+
+    if len(runs) < 2:
+        return None
+    limit = min(r.steps for r in runs)
+    table = Table(
+        f"Test scores at equal update steps ({limit})",
+        ["run", "checkpoint step", "dev BLEU there", "test BLEU", "test chrF", "test BLEU lc"],
+        note="each run's checkpoint of the best dev BLEU up to the fewest steps any run made",
+    )
+    for run in runs:
+        valid = [v for v in run.metrics.valid if v["step"] <= limit and "valid_bleu" in v]
+        chosen = None
+        for v in sorted(valid, key=lambda v: -v["valid_bleu"]):
+            weights = f"checkpoints/step_{v['step']:07d}.safetensors"
+            if (run.path / weights).is_file():
+                chosen = (v, weights)
+                break
+        if chosen is None:
+            table.rows.append([run.name, None, None, None, None, None])
+            continue
+        v, weights = chosen
+        scores = score_run(run.path, weights=weights)
+        table.rows.append(
+            [
+                run.name,
+                v["step"],
+                v["valid_bleu"],
+                scores["bleu"],
+                scores["chrf"],
+                scores["bleu_lc"],
+            ]
+        )
+    return table
+
+
+def bootstrap_table(runs: list[Run], samples: int = 1000) -> Table | None:
+    """Paired bootstrap of each model's best seed (by dev BLEU) against the first model's."""
+    from wtnmt.analysis.scoring import bootstrap
+
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(run.group, []).append(run)
+    best = [b for b in (_best(g) for g in groups.values()) if b is not None]
+    if len(best) < 2:
+        return None
+    table = Table(
+        f"Paired bootstrap on the test split ({samples} samples), best seeds by dev BLEU",
+        ["run", "BLEU ± 95% CI", "baseline", "baseline BLEU ± 95% CI", "p"],
+        note="sacreBLEU's paired bootstrap resampling (Koehn, 2004); p: the probability of "
+        "the difference under the null hypothesis",
+    )
+    for run in best[1:]:
+        r = bootstrap(run.path, best[0].path, samples=samples)
+        table.rows.append(
+            [
+                run.name,
+                f"{r['bleu']:.2f} ± {r['ci95']:.2f}",
+                best[0].name,
+                f"{r['baseline_bleu']:.2f} ± {r['baseline_ci95']:.2f}",
+                round(r["p_value"], 4),
+            ]
+        )
+    return table
+
+
+def attention_figure(run: Run, sentence: int, out: Path) -> Path | None:
+    from wtnmt.analysis.scoring import split_pairs
+    from wtnmt.decode.translator import Translator
+
+    if not (run.path / "model.safetensors").is_file():  # a clone of committed results
+        return None
+    translator = Translator.load(run.path)
+    src, _refs = split_pairs(run.path, "test")
+    if not 0 <= sentence < len(src):
+        return None
+    ids = translator.encode([src[sentence]])
+    produced = translator.translate_ids(ids)[0][0]
+    layers = translator.cross_attention(ids, [produced.ids])[0]
+    return figures.plot_attention(
+        layers,
+        [*translator.pieces(ids[0]), "</s>"],
+        [*translator.pieces(produced.ids), "</s>"],
+        out / f"attention-{run.name}.png",
+        title=f"{run.name}, test sentence {sentence}: {src[sentence]!r} → {produced.text!r}",
+    )
+
+
+def analyze(
+    run_dirs: list[str | Path],
+    out: str | Path,
+    *,
+    target_bleu: float | None = None,
+    window: int = 1,
+    random_seeds: int = 3,
+    sentence: int = 0,
+    decode: bool = True,
+    say: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    runs = [Run.load(p) for p in run_dirs]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    pictures: list[tuple[str, Path]] = []
+
+    def draw(caption: str, path: Path | None) -> None:
+        if path is not None:
+            pictures.append((caption, path))
+            say(f"  {path}")
+
+    say(f"analyzing {len(runs)} run{'s' * (len(runs) != 1)} → {out}")
+    metrics = [r.metrics for r in runs]
+    draw(
+        "Dev BLEU and dev loss against steps and seconds",
+        figures.plot_validation(metrics, out / "validation.png"),
+    )
+    draw(
+        "Validation against training loss (paper Fig. 2)",
+        figures.plot_loss_vs_loss(metrics, out / "loss_vs_loss.png"),
+    )
+    for run in runs:
+        draw(
+            f"κ and α over training, {run.name} (paper Fig. 3)",
+            figures.plot_branch_weights(
+                run.metrics, out / f"kappa_alpha-{run.name}.png", window=window
+            ),
+        )
+    tables = [runs_table(runs), groups_table(runs)]
+    first_best = runs[0].metrics.best_valid if runs else None
+    target = target_bleu if target_bleu is not None else (first_best or {}).get("valid_bleu")
+    if target is not None:
+        table, rows = steps_to_bleu_table(runs, target)
+        tables.append(table)
+        draw(
+            "Steps and seconds to the target dev BLEU",
+            figures.plot_steps_to_bleu(rows, target, out / "steps_to_bleu.png"),
+        )
+    if decode:
+        weighted = _best([r for r in runs if r.weighted])
+        if weighted is not None:
+            say(f"  branch weights at test time: {weighted.name}")
+            tables.append(ablation_table(weighted, random_seeds))
+            draw(
+                f"Cross-attention of each branch, {weighted.name}",
+                attention_figure(weighted, sentence, out),
+            )
+        for table in (equal_steps_table(runs), bootstrap_table(runs)):
+            if table is not None:
+                tables.append(table)
+    result = {
+        "runs": [str(r.path) for r in runs],
+        "target_bleu": target,
+        "tables": [t.as_dict() for t in tables],
+        "figures": [{"caption": c, "file": p.name} for c, p in pictures],
+    }
+    (out / "analysis.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    (out / "summary.md").write_text(render_markdown(tables, pictures), encoding="utf-8")
+    (out / "report.html").write_text(render_html(tables, pictures), encoding="utf-8")
+    say(f"  {out / 'summary.md'}\n  {out / 'report.html'}")
+    return result
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.2f}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def render_markdown(tables: list[Table], pictures: list[tuple[str, Path]]) -> str:
+    lines = ["# wtnmt analyze", ""]
+    for t in tables:
+        lines += [f"## {t.title}", "", "| " + " | ".join(t.headers) + " |"]
+        lines.append("|" + "---|" * len(t.headers))
+        lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in t.rows]
+        lines += ["", f"_{t.note}_", ""] if t.note else [""]
+    for caption, path in pictures:
+        lines += [f"![{caption}]({path.name})", f"_{caption}_", ""]
+    return "\n".join(lines)
+
+
+def render_html(tables: list[Table], pictures: list[tuple[str, Path]]) -> str:
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>wtnmt analyze</title><style>",
+        "body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}",
+        "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;",
+        "padding:.2em .6em;text-align:right}th{background:#f4f4f4}td:first-child{text-align:left}",
+        "img{max-width:100%}.note{color:#666;font-size:.9em}</style></head><body>",
+        "<h1>wtnmt analyze</h1>",
+    ]
+    for t in tables:
+        parts.append(f"<h2>{html.escape(t.title)}</h2><table><tr>")
+        parts += [f"<th>{html.escape(h)}</th>" for h in t.headers]
+        parts.append("</tr>")
+        for row in t.rows:
+            parts.append(
+                "<tr>" + "".join(f"<td>{html.escape(_cell(c))}</td>" for c in row) + "</tr>"
+            )
+        parts.append("</table>")
+        if t.note:
+            parts.append(f"<p class='note'>{html.escape(t.note)}</p>")
+    for caption, path in pictures:
+        data = base64.b64encode(path.read_bytes()).decode("ascii")
+        parts.append(
+            f"<h2>{html.escape(caption)}</h2><img alt='{html.escape(caption)}' "
+            f"src='data:image/png;base64,{data}'>"
+        )
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+__all__ = ["analyze", "render_html", "render_markdown"]

@@ -1,0 +1,197 @@
+"""The numbers of `wtnmt analyze`, as tables (a title, headers, rows of plain values) that the
+report renders to Markdown and HTML and keeps in ``analysis.json``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from wtnmt.analysis.metrics import RunMetrics, group_name, mean_sd, steps_to_bleu
+
+
+@dataclass
+class Table:
+    title: str
+    headers: list[str]
+    rows: list[list[Any]] = field(default_factory=list)
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"title": self.title, "headers": self.headers, "rows": self.rows, "note": self.note}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run as analyze sees it: its directory, series, scores and config."""
+
+    path: Path
+    metrics: RunMetrics
+    scores: dict[str, Any] | None
+    config: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def group(self) -> str:
+        return group_name(self.name)
+
+    @property
+    def weighted(self) -> bool:
+        return self.config.get("model", {}).get("attention") == "branched"
+
+    @property
+    def steps(self) -> int:
+        return self.metrics.train[-1]["step"] if self.metrics.train else 0
+
+    @property
+    def seconds(self) -> float:
+        return self.metrics.train[-1].get("elapsed", 0.0) if self.metrics.train else 0.0
+
+    def test(self, key: str) -> float | None:
+        split = (self.scores or {}).get("test")
+        return None if split is None else split.get(key)
+
+    @property
+    def budget(self) -> str:
+        train = self.config.get("train", {})
+        if train.get("max_time"):
+            return f"{train['max_time']:g} s"
+        if train.get("max_steps"):
+            return f"{train['max_steps']} steps"
+        return f"{train.get('max_epochs')} epochs"
+
+    @classmethod
+    def load(cls, path: str | Path) -> Run:
+        import yaml
+
+        path = Path(path)
+        scores_path = path / "scores.json"
+        scores = (
+            json.loads(scores_path.read_text(encoding="utf-8")) if scores_path.is_file() else None
+        )
+        config = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
+        return cls(path, RunMetrics.load(path), scores, config or {})
+
+
+def _r(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _ratio(value: float | None, reference: float | None) -> float | None:
+    return None if value is None or not reference else round(value / reference, 2)
+
+
+def runs_table(runs: list[Run]) -> Table:
+    table = Table(
+        "Runs",
+        [
+            "run",
+            "budget",
+            "steps",
+            "update s",
+            "tgt tok/s",
+            "best dev BLEU (step)",
+            "test BLEU",
+            "test chrF",
+            "test BLEU lc",
+        ],
+        note="dev BLEU: greedy decoding at each validation; test: beam search with the "
+        "weights of the best dev BLEU; BLEU lc: lowercased (the Multi30k literature's); "
+        "tgt tok/s: median over logged windows",
+    )
+    for run in runs:
+        best = run.metrics.best_valid
+        rate = run.metrics.tokens_per_second()
+        table.rows.append(
+            [
+                run.name,
+                run.budget,
+                run.steps,
+                round(run.seconds),
+                None if rate is None else round(rate),
+                None if best is None else f"{best['valid_bleu']:.2f} ({best['step']})",
+                run.test("bleu"),
+                run.test("chrf"),
+                run.test("bleu_lc"),
+            ]
+        )
+    return table
+
+
+def groups_table(runs: list[Run]) -> Table:
+    """Mean ± sd over the seeds of each model (runs named ``<model>-s<seed>``)."""
+    table = Table(
+        "Models (mean ± sd over seeds)",
+        [
+            "model",
+            "seeds",
+            "steps",
+            "tgt tok/s",
+            "best dev BLEU",
+            "test BLEU",
+            "test chrF",
+            "test BLEU lc",
+        ],
+    )
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(run.group, []).append(run)
+    for name, members in groups.items():
+        cells: list[Any] = [name, len(members)]
+        for values in (
+            [float(r.steps) for r in members],
+            [r.metrics.tokens_per_second() for r in members],
+            [(r.metrics.best_valid or {}).get("valid_bleu") for r in members],
+            [r.test("bleu") for r in members],
+            [r.test("chrf") for r in members],
+            [r.test("bleu_lc") for r in members],
+        ):
+            known = [v for v in values if v is not None]
+            if len(known) != len(values) or not known:
+                cells.append(None)
+                continue
+            mean, sd = mean_sd(known)
+            digits = 0 if mean > 200 else 2
+            cells.append(f"{mean:.{digits}f} ± {sd:.{digits}f}")
+        table.rows.append(cells)
+    return table
+
+
+def steps_to_bleu_table(runs: list[Run], target: float) -> tuple[Table, list[dict[str, Any]]]:
+    """Steps and seconds of updates each run took to reach dev BLEU ``target``, and each as a
+    fraction of the first run's (the paper's "15–40% fewer steps")."""
+    rows = []
+    for run in runs:
+        found = steps_to_bleu(run.metrics, target)
+        rows.append(
+            {
+                "name": run.name,
+                "step": found[0] if found else None,
+                "seconds": round(found[1], 1) if found else None,
+            }
+        )
+    first = rows[0] if rows and rows[0]["step"] else None
+    table = Table(
+        f"Steps and seconds to dev BLEU {target:.2f}",
+        ["run", "steps", "× first run's steps", "seconds", "× first run's seconds"],
+        note="the first validation (greedy dev BLEU) at or above the target; validations are "
+        "as frequent as the runs' valid_every",
+    )
+    for row in rows:
+        table.rows.append(
+            [
+                row["name"],
+                row["step"],
+                _ratio(row["step"], first and first["step"]),
+                row["seconds"],
+                _ratio(row["seconds"], first and first["seconds"]),
+            ]
+        )
+    return table, rows
+
+
+__all__ = ["Run", "Table", "groups_table", "runs_table", "steps_to_bleu_table"]

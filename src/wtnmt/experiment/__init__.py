@@ -1,0 +1,11 @@
+"""Experiments: grid files of runs × seeds (``grid``), trained side by side and resumed across
+sessions (``runner``), each run trained and scored in a process of its own (``job``).
+
+The highest layer with the command line: it drives training, decoding and analysis and is
+imported by none of them.
+"""
+
+from wtnmt.experiment.grid import Grid, RunSpec, load_grid
+from wtnmt.experiment.runner import plan_task, run_grid
+
+__all__ = ["Grid", "RunSpec", "load_grid", "plan_task", "run_grid"]

@@ -1,0 +1,199 @@
+"""Experiment grid files: ``experiments/*.yaml``, each a set of runs (presets with ``--set``
+overrides) × seeds under one budget, and what to do with them once trained.
+
+A grid file::
+
+    out: experiments/multi30k          # where the run directories go (one per run × seed)
+    base: {data.corpus: multi30k}      # overrides of every run
+    budget: {max_time: 900}            # or {max_steps: N}: train.max_time / train.max_steps
+    threads: 1                         # threads of each run
+    parallel: 2                        # runs at once
+    seeds: [1, 2, 3]
+    evaluate: {split: test}            # or false: the finished run's test scores
+    analyze: {out: experiments/multi30k/report-en-de}   # or false
+    runs:
+      - {name: transformer, preset: transformer-small, set: {train.lr_scale: 0.5}}
+      - {name: weighted, preset: weighted-small}
+
+Every key is checked: an unknown one, a missing one or a value of the wrong kind is a
+ConfigError naming the file and the key. Each run resolves to the full config it will train
+with, so a run directory is matched against exactly what the grid asks of it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from wtnmt.config import ConfigError, RunConfig, config_to_dict, load_config
+
+GRID_KEYS = {"out", "base", "budget", "threads", "parallel", "seeds", "evaluate", "analyze", "runs"}
+RUN_KEYS = {"name", "preset", "set", "seeds"}
+BUDGET_KEYS = {"max_time", "max_steps"}
+EVALUATE_KEYS = {"split", "beam"}
+ANALYZE_KEYS = {"out", "target_bleu", "smooth", "random_seeds", "attention_sentence", "decode"}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a grid: a named config at one seed, and where it trains."""
+
+    name: str  # "<run name>-s<seed>", the run directory's name
+    label: str  # the run's name in the grid (the same for every seed)
+    preset: str
+    overrides: tuple[str, ...]  # --set texts, in the order they apply
+    seed: int
+    run_dir: Path
+
+    def config(self) -> RunConfig:
+        return load_config(self.preset, list(self.overrides))
+
+
+@dataclass(frozen=True)
+class Grid:
+    path: Path
+    out: Path
+    runs: tuple[RunSpec, ...]
+    threads: int
+    parallel: int
+    evaluate: dict[str, Any] | None  # {"split": ..., "beam": ...} or None
+    analyze: dict[str, Any] | None
+
+    def configs(self) -> dict[str, dict[str, Any]]:
+        """Every run's full config as plain values (checked once, before anything trains)."""
+        return {spec.name: config_to_dict(spec.config()) for spec in self.runs}
+
+
+def _fail(path: Path, key: str, what: str) -> ConfigError:
+    return ConfigError(f"{path}: {key}: {what}")
+
+
+def _mapping(path: Path, key: str, value: Any, allowed: set[str] | None) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _fail(path, key, f"expected a mapping, got {type(value).__name__}")
+    if allowed is not None:
+        unknown = sorted(set(map(str, value)) - allowed)
+        if unknown:
+            raise _fail(
+                path, key, f"unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}"
+            )
+    return value
+
+
+def _positive_int(path: Path, key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _fail(path, key, f"expected a positive integer, got {value!r}")
+    return value
+
+
+def _overrides(path: Path, key: str, values: Any) -> list[str]:
+    """``{section.key: value}`` → ``["section.key=value"]`` (values written back as YAML, so
+    they are read exactly as ``--set`` reads them)."""
+    out = []
+    for k, v in _mapping(path, key, values or {}, None).items():
+        if not isinstance(k, str) or k.count(".") < 1:
+            raise _fail(path, f"{key}.{k}", "overrides are section.key: value, e.g. model.dropout")
+        text = yaml.safe_dump(v, default_flow_style=True).strip()
+        out.append(f"{k}={text.removesuffix('...').strip()}")
+    return out
+
+
+def _seeds(path: Path, key: str, value: Any) -> list[int]:
+    if not isinstance(value, list) or not value:
+        raise _fail(path, key, f"expected a list of seeds, got {value!r}")
+    seeds = [_positive_int(path, key, s) for s in value]
+    if len(set(seeds)) != len(seeds):
+        raise _fail(path, key, f"a seed is listed twice: {seeds}")
+    return seeds
+
+
+def load_grid(path: str | Path) -> Grid:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such grid file")
+    try:
+        values = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        reason = str(getattr(e, "problem", None) or e).splitlines()[0]
+        raise ConfigError(f"{path}: not valid YAML ({reason})") from None
+    values = _mapping(path, "the file", values, GRID_KEYS)
+    for required in ("out", "runs"):
+        if required not in values:
+            raise _fail(path, required, "missing; a grid names its out directory and its runs")
+    out = Path(str(values["out"]))
+    base = _overrides(path, "base", values.get("base"))
+    budget = _mapping(path, "budget", values.get("budget") or {}, BUDGET_KEYS)
+    if len(budget) != 1:
+        raise _fail(path, "budget", "give exactly one of max_time (seconds) or max_steps")
+    ((kind, amount),) = budget.items()
+    if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount <= 0:
+        raise _fail(path, f"budget.{kind}", f"expected a positive number, got {amount!r}")
+    other = "max_steps" if kind == "max_time" else "max_time"
+    budget_sets = [f"train.{kind}={amount}", f"train.{other}=null", "train.max_epochs=null"]
+    threads = _positive_int(path, "threads", values.get("threads", 1))
+    parallel = _positive_int(path, "parallel", values.get("parallel", 1))
+    seeds = _seeds(path, "seeds", values.get("seeds", [1]))
+    evaluate = values.get("evaluate", {"split": "test"})
+    if evaluate is not False:
+        evaluate = {"split": "test", **_mapping(path, "evaluate", evaluate, EVALUATE_KEYS)}
+        if evaluate["split"] not in ("valid", "test"):
+            raise _fail(path, "evaluate.split", f"{evaluate['split']!r}; allowed: valid, test")
+        if "beam" in evaluate:
+            _positive_int(path, "evaluate.beam", evaluate["beam"])
+    analyze = values.get("analyze", {})
+    analyze = (
+        None if analyze is False else dict(_mapping(path, "analyze", analyze or {}, ANALYZE_KEYS))
+    )
+    runs_value = values["runs"]
+    if not isinstance(runs_value, list) or not runs_value:
+        raise _fail(path, "runs", "expected a non-empty list of runs")
+    specs: list[RunSpec] = []
+    for i, run in enumerate(runs_value):
+        key = f"runs[{i}]"
+        run = _mapping(path, key, run, RUN_KEYS)
+        name, preset = run.get("name"), run.get("preset")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise _fail(path, f"{key}.name", f"{name!r}: letters, digits, '_.+-' only")
+        if not isinstance(preset, str):
+            raise _fail(path, f"{key}.preset", "missing: a preset name or a config file")
+        run_seeds = _seeds(path, f"{key}.seeds", run["seeds"]) if "seeds" in run else seeds
+        for seed in run_seeds:
+            overrides = (
+                *base,
+                *_overrides(path, f"{key}.set", run.get("set")),
+                *budget_sets,
+                f"train.threads={threads}",
+                f"train.seed={seed}",
+            )
+            specs.append(
+                RunSpec(
+                    name=f"{name}-s{seed}",
+                    label=name,
+                    preset=preset,
+                    overrides=overrides,
+                    seed=seed,
+                    run_dir=out / f"{name}-s{seed}",
+                )
+            )
+    # seed-major: the runs that go side by side are the models of one seed, so that each
+    # model shares the machine with the same company
+    specs.sort(key=lambda s: s.seed)
+    names = [s.name for s in specs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise _fail(path, "runs", f"two runs share the name {twice[0]!r}")
+    grid = Grid(path, out, tuple(specs), threads, parallel, evaluate or None, analyze)
+    for spec in specs:  # every run's config is valid before anything starts
+        try:
+            spec.config()
+        except ConfigError as e:
+            raise ConfigError(f"{path}: run {spec.name}: {e}") from None
+    return grid
+
+
+__all__ = ["Grid", "RunSpec", "load_grid"]

@@ -1,0 +1,64 @@
+"""One run of a grid, in a process of its own (``python -m wtnmt.experiment.job SPEC``): train
+(new or resumed), then score the weights on the corpus's test split into ``scores.json``.
+
+A process per run gives each its own threads, and a run that fails or is killed takes nothing
+else with it: the runner sees its exit status and the run directory keeps its checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from wtnmt.analysis.metrics import RunMetrics
+from wtnmt.analysis.scoring import score_run
+from wtnmt.config import load_config
+
+
+def training_summary(run_dir: Path) -> dict[str, Any]:
+    """What the run's metrics say of its training: steps, seconds of updates, throughput,
+    and the best dev BLEU with its step."""
+    run = RunMetrics.load(run_dir)
+    best = run.best_valid
+    rate = run.tokens_per_second()
+    return {
+        "steps": run.train[-1]["step"] if run.train else 0,
+        "train_seconds": run.train[-1]["elapsed"] if run.train else 0.0,
+        "tokens_per_s": round(rate, 1) if rate else None,
+        "best_valid_bleu": best["valid_bleu"] if best else None,
+        "best_valid_step": best["step"] if best else None,
+    }
+
+
+def main(argv: list[str]) -> int:
+    from wtnmt.runtime import tune_cpu_allocator
+    from wtnmt.train import Trainer
+
+    spec = json.loads(argv[0])
+    run_dir = Path(spec["run_dir"])
+    tune_cpu_allocator()
+    if spec["train"]:
+        config = load_config(spec["preset"], spec["overrides"])
+        Trainer(config, run_dir, resume=spec["resume"], log_to_stderr=True).run()
+    if spec["evaluate"]:
+        split, beam = spec["evaluate"]["split"], spec["evaluate"].get("beam")
+        scores = {
+            "run": run_dir.name,
+            **training_summary(run_dir),
+            split: score_run(run_dir, split=split, beam=beam),
+        }
+        (run_dir / "scores.json").write_text(json.dumps(scores, indent=2) + "\n")
+        print(
+            f"{run_dir.name}: {split} BLEU {scores[split]['bleu']:.2f} chrF "
+            f"{scores[split]['chrf']:.2f} (lowercased BLEU {scores[split]['bleu_lc']:.2f})",
+            file=sys.stderr,
+        )
+    return 0
+
+
+if __name__ == "__main__":  # the runner's child process; errors as the command line gives them
+    from wtnmt.cli import run_guarded
+
+    sys.exit(run_guarded("experiment", lambda: main(sys.argv[1:])))

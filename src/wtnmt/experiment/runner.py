@@ -1,0 +1,267 @@
+"""`wtnmt experiment FILE`: train a grid's runs, a few at once, each in its own process; skip
+the finished ones, resume the interrupted ones, score each on the test split, then analyze.
+
+What a run directory holds decides what is left to do with it:
+
+- no complete checkpoint: train it (a directory where a run died before its first checkpoint
+  starts over, as ``wtnmt train`` allows);
+- a checkpoint of a run that has not finished, or finished on a smaller budget than the grid
+  now asks: resume it;
+- finished: only the scores, if they are missing.
+
+A run directory trained with other settings than the grid asks (anything but the budget) is
+refused, naming the settings: the grid never trains over someone else's run.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from wtnmt.config import ConfigError, config_to_dict
+from wtnmt.experiment.grid import Grid, RunSpec
+from wtnmt.rundir import latest_checkpoint
+from wtnmt.rundir.run import MARK, config_differences
+
+
+@dataclass(frozen=True)
+class Task:
+    spec: RunSpec
+    train: bool
+    resume: bool
+    evaluate: bool
+    busy: bool = False
+
+    @property
+    def what(self) -> str:
+        if self.busy:
+            return "busy: another process is training it"
+        if self.train:
+            return "resume" if self.resume else "train"
+        return "score"
+
+
+def _recorded_config(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return None
+    data = path.read_bytes()
+    if not data.startswith(MARK):
+        raise ConfigError(f"{path}: not written by wtnmt; the grid will not train over it")
+    return yaml.safe_load(data[len(MARK) :].decode("utf-8"))
+
+
+def busy(run_dir: Path) -> bool:
+    """Whether another process holds the run's lock (is training it now)."""
+    lock = run_dir / ".lock"
+    if not lock.is_file():
+        return False
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # releases it again if we got it
+    return False
+
+
+def plan_task(spec: RunSpec, grid: Grid) -> Task | None:
+    """What is left to do with one run (None: nothing; a busy task when another process is
+    training it now: two writers would spoil it, so it is left to that one)."""
+    if spec.run_dir.exists() and not spec.run_dir.is_dir():
+        raise ConfigError(
+            f"{spec.run_dir}: is a file, not a run directory; move it or rename the run"
+        )
+    if busy(spec.run_dir):
+        return Task(spec, train=False, resume=False, evaluate=False, busy=True)
+    asked = config_to_dict(spec.config())
+    evaluate = grid.evaluate is not None
+    found = latest_checkpoint(spec.run_dir / "checkpoints", warn=lambda _: None)
+    if found is None:
+        return Task(spec, train=True, resume=False, evaluate=evaluate)
+    recorded = _recorded_config(spec.run_dir) or {}
+    differences = config_differences(recorded, asked) + _train_differences(recorded, asked)
+    if differences:
+        raise ConfigError(
+            f"{spec.run_dir}: trained with other settings than {grid.path} asks "
+            f"({'; '.join(differences)}); rename the run in the grid or move the directory"
+        )
+    finished = found[1]["train_state"].get("finished")
+    same_budget = all(
+        recorded.get("train", {}).get(k) == asked["train"][k]
+        for k in ("max_time", "max_steps", "max_epochs")
+    )
+    if finished is None or not same_budget:
+        return Task(spec, train=True, resume=True, evaluate=evaluate)
+    if evaluate and not _scored(spec.run_dir, grid.evaluate or {}):
+        return Task(spec, train=False, resume=False, evaluate=True)
+    return None
+
+
+def _train_differences(recorded: dict[str, Any], asked: dict[str, Any]) -> list[str]:
+    """Training settings (config_differences compares model and data) other than the budget
+    and the thread count (which change no result)."""
+    skip = {"max_time", "max_steps", "max_epochs", "threads"}
+    before, after = recorded.get("train", {}), asked["train"]
+    return [
+        f"train.{k}: {before.get(k)!r} → {after[k]!r}"
+        for k in after
+        if k not in skip and before.get(k) != after[k]
+    ]
+
+
+def _scored(run_dir: Path, evaluate: dict[str, Any]) -> bool:
+    path = run_dir / "scores.json"
+    if not path.is_file():
+        return False
+    try:
+        scores = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        return False
+    split = evaluate.get("split", "test")
+    return split in scores and scores[split].get("beam") == evaluate.get(
+        "beam", scores[split].get("beam")
+    )
+
+
+def _prepare_data(grid: Grid, tasks: list[Task], say) -> None:  # type: ignore[no-untyped-def]
+    """Each corpus is prepared once here, before runs start side by side on it."""
+    from wtnmt.data import prepare
+
+    done: set[str] = set()
+    for task in tasks:
+        if not task.train:
+            continue
+        data = task.spec.config().data
+        key = json.dumps(config_to_dict(data), sort_keys=True)
+        if key not in done:
+            done.add(key)
+            prepare(data, data.prepared_path(), log=say)
+
+
+def _launch(task: Task, grid: Grid) -> subprocess.Popen:
+    spec = task.spec
+    spec.run_dir.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "run_dir": str(spec.run_dir),
+        "preset": spec.preset,
+        "overrides": list(spec.overrides),
+        "train": task.train,
+        "resume": task.resume,
+        "evaluate": grid.evaluate if task.evaluate else None,
+    }
+    threads = str(grid.threads)
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    log = open(spec.run_dir / "experiment.log", "a", encoding="utf-8")
+    log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {task.what}\n")
+    log.flush()
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "wtnmt.experiment.job", json.dumps(payload)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # Ctrl-C reaches the runner, which stops each run itself
+        )
+    finally:
+        log.close()
+
+
+def _progress(spec: RunSpec) -> str:
+    """``name step N (S s)`` from the run's last logged step."""
+    try:
+        with open(spec.run_dir / "metrics.jsonl", "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            lines = [x for x in f.read().decode("utf-8", "replace").splitlines() if '"loss"' in x]
+        entry = json.loads(lines[-1])
+    except (OSError, ValueError, IndexError):
+        return f"{spec.name} starting"
+    return f"{spec.name} step {entry['step']} ({entry.get('elapsed', 0):.0f} s)"
+
+
+def _last_line(run_dir: Path) -> str:
+    try:
+        lines = (run_dir / "experiment.log").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+def run_grid(  # type: ignore[no-untyped-def]
+    grid: Grid, *, dry_run: bool = False, say=print, progress_every: float = 60.0
+) -> dict[str, str]:
+    """Every run's outcome: done, busy, finished, failed (with the log's last line); a line
+    of the running runs' steps every ``progress_every`` seconds."""
+    tasks = []
+    outcome: dict[str, str] = {}
+    for spec in grid.runs:
+        task = plan_task(spec, grid)
+        if task is None:
+            outcome[spec.name] = "done"
+        elif task.busy:
+            outcome[spec.name] = "busy"
+            say(f"  {spec.name}: {task.what}; left to it")
+        else:
+            tasks.append(task)
+    say(
+        f"{grid.path}: {len(grid.runs)} runs, {list(outcome.values()).count('done')} done, "
+        f"{sum(t.train and not t.resume for t in tasks)} to train, "
+        f"{sum(t.resume for t in tasks)} to resume, {sum(not t.train for t in tasks)} to score; "
+        f"{grid.parallel} at once, {grid.threads} thread{'s' if grid.threads > 1 else ''} each"
+    )
+    for task in tasks:
+        say(f"  {task.spec.name}: {task.what}")
+    if dry_run:
+        return {**outcome, **{t.spec.name: t.what for t in tasks}}
+    _prepare_data(grid, tasks, say)
+    pending, running = list(tasks), {}
+    started: dict[str, float] = {}
+    shown = time.perf_counter()
+    try:
+        while pending or running:
+            if running and time.perf_counter() - shown >= progress_every:
+                shown = time.perf_counter()
+                progress = ", ".join(_progress(task.spec) for task, _ in running.values())
+                say(f"[{time.strftime('%H:%M:%S')}] {progress}; {len(pending)} waiting")
+            while pending and len(running) < grid.parallel:
+                task = pending.pop(0)
+                running[task.spec.name] = (task, _launch(task, grid))
+                started[task.spec.name] = time.perf_counter()
+                say(f"[{time.strftime('%H:%M:%S')}] {task.spec.name}: {task.what} started")
+            time.sleep(1.0)
+            for name, (task, proc) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                del running[name]
+                minutes = (time.perf_counter() - started[name]) / 60
+                if proc.returncode == 0:
+                    outcome[name] = "finished"
+                    say(f"[{time.strftime('%H:%M:%S')}] {name}: finished in {minutes:.1f} min")
+                else:
+                    outcome[name] = f"failed: {_last_line(task.spec.run_dir)}"
+                    say(
+                        f"[{time.strftime('%H:%M:%S')}] {name}: FAILED (exit {proc.returncode}): "
+                        f"{_last_line(task.spec.run_dir)}; log: {task.spec.run_dir}/experiment.log"
+                    )
+    except KeyboardInterrupt:
+        for _, proc in running.values():  # each run saves a checkpoint at its next update
+            proc.send_signal(signal.SIGINT)
+        for _, proc in running.values():
+            proc.wait()
+        say(f"interrupted: run `wtnmt experiment {grid.path}` again to resume")
+        raise
+    return outcome
+
+
+__all__ = ["Task", "plan_task", "run_grid"]

@@ -1,0 +1,183 @@
+"""`wtnmt analyze`: the measures on hand-made metrics, and every figure and table drawn from a
+tiny trained run, with the numbers in the summary equal to the ones the run recorded."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import tiny_run_config
+from wtnmt.analysis.figures import frozen_from, loss_pairs
+from wtnmt.analysis.metrics import RunMetrics, read_metrics, smooth, steps_to_bleu
+from wtnmt.analysis.report import analyze
+from wtnmt.analysis.scoring import branch_weight_ablation
+from wtnmt.cli import main
+from wtnmt.model import branch_weight_table
+from wtnmt.rundir import load_run
+from wtnmt.train import Trainer
+
+
+def write_metrics(path: Path, entries: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(e) + "\n" for e in entries), encoding="utf-8")
+    return path
+
+
+def train_entry(step: int, elapsed: float, loss: float = 5.0) -> dict:
+    return {"step": step, "loss": loss, "elapsed": elapsed, "tokens_per_s": 100.0}
+
+
+def valid_entry(step: int, bleu: float, loss: float = 4.0) -> dict:
+    return {"step": step, "valid_loss": loss, "valid_bleu": bleu}
+
+
+def test_steps_to_bleu_on_a_hand_made_metrics_file(tmp_path):
+    # dev BLEU 3.0 at 100, 7.5 at 200, 12.0 at 300, 11.0 at 400: 10.0 is first reached at 300;
+    # the seconds at step 300 lie between the logged 250 (50 s) and 350 (90 s): 70 s
+    entries = [train_entry(s, t) for s, t in ((50, 10.0), (150, 30.0), (250, 50.0), (350, 90.0))]
+    entries += [valid_entry(s, b) for s, b in ((100, 3.0), (200, 7.5), (300, 12.0), (400, 11.0))]
+    entries.sort(key=lambda e: e["step"])
+    run = RunMetrics.from_file(write_metrics(tmp_path / "metrics.jsonl", entries))
+    assert steps_to_bleu(run, 10.0) == (300, pytest.approx(70.0))
+    assert steps_to_bleu(run, 7.5) == (200, pytest.approx(40.0))
+    assert steps_to_bleu(run, 12.5) is None
+    assert run.best_valid["step"] == 300
+
+
+def test_a_validation_with_its_own_elapsed_uses_it(tmp_path):
+    entries = [train_entry(10, 5.0), {**valid_entry(10, 4.0), "elapsed": 5.0}]
+    entries += [train_entry(20, 11.0), {**valid_entry(20, 6.0), "elapsed": 11.0}]
+    run = RunMetrics.from_file(write_metrics(tmp_path / "metrics.jsonl", entries))
+    assert steps_to_bleu(run, 5.0) == (20, 11.0)
+
+
+def test_metrics_of_a_resumed_run_drop_the_lost_continuation(tmp_path):
+    # killed after logging steps 40 and 50 (and the validation at 50) past its checkpoint at
+    # 30; the resume logs 40 and 50 again: the first 40/50 entries are gone
+    entries = [train_entry(s, s / 10, loss=9.0) for s in (10, 20, 30, 40, 50)]
+    entries.insert(5, valid_entry(50, 1.0))
+    entries += [train_entry(40, 4.0, loss=1.0), train_entry(50, 5.0, loss=1.0)]
+    entries += [valid_entry(50, 2.0)]
+    got = read_metrics(write_metrics(tmp_path / "metrics.jsonl", entries))
+    assert [(e["step"], e.get("loss"), e.get("valid_bleu")) for e in got] == [
+        (10, 9.0, None), (20, 9.0, None), (30, 9.0, None), (40, 1.0, None), (50, 1.0, None),
+        (50, None, 2.0),
+    ]  # fmt: skip
+
+
+def test_smoothing_is_a_centred_mean_filter():
+    assert smooth([0.0, 3.0, 6.0, 9.0], 3) == [1.5, 3.0, 6.0, 7.5]
+    assert smooth([1.0, 2.0], 1) == [1.0, 2.0]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> list[Path]:
+    """Two tiny runs: a Weighted Transformer and a Transformer, each scored on its test split
+    as the experiment runner scores it."""
+    from wtnmt.experiment.job import training_summary
+
+    tmp = tmp_path_factory.mktemp("analyze")
+    out = []
+    for name, attention in (("weighted-s1", "branched"), ("transformer-s1", "multihead")):
+        config = tiny_run_config(
+            tmp,
+            model={"attention": attention},
+            train={"max_steps": 12, "valid_every": 4, "log_every": 2, "freeze_branch_weights": 4},
+        )
+        Trainer(config, tmp / name, log_to_stderr=False).run()
+        out.append(tmp / name)
+    from wtnmt.analysis.scoring import score_run
+
+    for run in out:
+        scores = {"run": run.name, **training_summary(run), "test": score_run(run)}
+        (run / "scores.json").write_text(json.dumps(scores))
+    return out
+
+
+def _markdown_table(text: str, title: str) -> list[list[str]]:
+    block = text.split(f"## {title}\n\n", 1)[1].split("\n\n", 1)[0]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in block.splitlines()[2:]]
+
+
+def test_analyze_draws_every_figure_and_the_numbers_are_the_recorded_ones(runs, tmp_path):
+    out = tmp_path / "report"
+    result = analyze(runs, out, random_seeds=2, say=lambda _: None)
+    for name in (
+        "validation.png", "loss_vs_loss.png", "kappa_alpha-weighted-s1.png",
+        "steps_to_bleu.png", "attention-weighted-s1.png", "summary.md", "report.html",
+        "analysis.json",
+    ):  # fmt: skip
+        assert (out / name).stat().st_size > 1000, name
+    assert not (out / "kappa_alpha-transformer-s1.png").exists()  # no κ, α to draw
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == len(result["figures"]) == 5
+    assert "http://" not in html and "https://" not in html  # nothing fetched
+    summary = (out / "summary.md").read_text()
+    rows = {r[0]: r for r in _markdown_table(summary, "Runs")}
+    for run in runs:
+        metrics = RunMetrics.load(run)
+        scores = json.loads((run / "scores.json").read_text())
+        best = metrics.best_valid
+        row = rows[run.name]
+        assert row[2] == str(metrics.train[-1]["step"]) == "12"
+        assert row[5] == f"{best['valid_bleu']:.2f} ({best['step']})"
+        assert row[6] == f"{scores['test']['bleu']:.2f}"
+        assert row[7] == f"{scores['test']['chrf']:.2f}"
+    # steps to the first run's best dev BLEU: the first run reaches it where it was best
+    target = RunMetrics.load(runs[0]).best_valid
+    assert result["target_bleu"] == target["valid_bleu"]
+    first = _markdown_table(summary, f"Steps and seconds to dev BLEU {target['valid_bleu']:.2f}")
+    reached = steps_to_bleu(RunMetrics.load(runs[0]), target["valid_bleu"])
+    assert first[0][:3] == ["weighted-s1", str(reached[0]), "1.00"]
+    table3 = _markdown_table(summary, "Branch weights at test time (paper Table 3), weighted-s1")
+    assert [r[0] for r in table3] == ["learned", "uniform", "random"]
+    learned = json.loads((runs[0] / "scores.json").read_text())["test"]
+    assert table3[0][1] == f"{learned['bleu']:.2f}"  # the learned row is the run's own score
+    assert re.fullmatch(r"\d+\.\d\d ± \d+\.\d\d", table3[2][1])
+    equal = _markdown_table(summary, "Test scores at equal update steps (12)")
+    assert [r[0] for r in equal] == ["weighted-s1", "transformer-s1"]
+
+
+def test_kappa_alpha_figure_shades_the_freeze_window_and_pairs_losses(runs):
+    metrics = RunMetrics.load(runs[0])
+    frozen = frozen_from(metrics)
+    assert frozen is not None and 8 <= frozen <= 10  # the last 4 of 12 steps (logged every 2)
+    assert frozen_from(RunMetrics.load(runs[1])) is None
+    pairs = loss_pairs(metrics)
+    assert len(pairs) == len(metrics.valid)
+    by_step = {e["step"]: e["loss"] for e in metrics.train}
+    assert [p[1] for p in pairs] == [v["valid_loss"] for v in metrics.valid]
+    assert [p[0] for p in pairs] == [by_step[v["step"]] for v in metrics.valid]
+
+
+def test_table_3_leaves_the_learned_weights_as_they_were(runs):
+    run = runs[0]
+    _, _, model = load_run(run)
+    before = branch_weight_table(model)
+    row = branch_weight_ablation(run, random_seeds=2)
+    assert row["uniform"]["branch_weights"] == "uniform"
+    assert [r["seed"] for r in row["random"]] == [1, 2]
+    _, _, again = load_run(run)
+    assert branch_weight_table(again) == before
+    # and the context manager the ablation decodes under restores them in place
+    from wtnmt.model import branch_weights_overridden
+
+    with branch_weights_overridden(model, "random", seed=1):
+        assert branch_weight_table(model) != before
+    assert branch_weight_table(model) == before
+    pairs = zip(model.state_dict().values(), again.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
+
+
+def test_analyze_command_line(runs, tmp_path, capsys):
+    assert main(["analyze", str(runs[1]), "--out", str(tmp_path / "a"), "--no-decode"]) == 0
+    assert (tmp_path / "a" / "summary.md").is_file()
+    assert not (tmp_path / "a" / "attention-transformer-s1.png").exists()
+    capsys.readouterr()
+    assert main(["analyze", str(tmp_path), "--out", str(tmp_path / "b")]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+    assert main(["analyze", str(runs[0]), "--smooth", "0"]) == 2
+    assert "--smooth 0: must be at least 1" in capsys.readouterr().err

@@ -1,0 +1,206 @@
+"""`wtnmt experiment`: grid files checked key by key; a finished run is skipped, an interrupted
+one resumed, every run scored and the grid analyzed."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import tiny_run_config
+from wtnmt.cli import main
+from wtnmt.config import ConfigError, config_to_dict
+from wtnmt.experiment import load_grid, plan_task, run_grid
+from wtnmt.train import Trainer
+
+
+def write_grid(tmp: Path, **changes) -> Path:  # type: ignore[no-untyped-def]
+    config = tmp / "tiny.yaml"
+    if not config.exists():
+        values = config_to_dict(tiny_run_config(tmp))
+        config.write_text(yaml.safe_dump(values))
+    grid = {
+        "out": str(tmp / "runs"),
+        "base": {"train.log_every": 2, "train.valid_every": 3},
+        "budget": {"max_steps": 6},
+        "threads": 1,
+        "parallel": 2,
+        "seeds": [1, 2],
+        "evaluate": {"split": "test", "beam": 2},
+        "analyze": {"out": str(tmp / "report"), "random_seeds": 1},
+        "runs": [{"name": "weighted", "preset": str(config)}],
+        **changes,
+    }
+    path = tmp / "grid.yaml"
+    path.write_text(yaml.safe_dump(grid, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"epochs": 3}, "the file: unknown key 'epochs'; allowed: analyze, base"),
+        ({"budget": {"max_time": 60, "max_steps": 6}}, "budget: give exactly one of"),
+        ({"budget": {"max_minutes": 6}}, "budget: unknown key 'max_minutes'"),
+        ({"seeds": [1, 1]}, "seeds: a seed is listed twice"),
+        ({"threads": 0}, "threads: expected a positive integer, got 0"),
+        ({"evaluate": {"split": "train"}}, "evaluate.split: 'train'; allowed: valid, test"),
+        ({"runs": [{"name": "a b", "preset": "weighted-tiny"}]}, "runs[0].name: 'a b'"),
+        (
+            {"runs": [{"name": "a", "preset": "weighted-tiny", "lr": 1}]},
+            "runs[0]: unknown key 'lr'",
+        ),
+        ({"base": {"model.dropout": 2.0}}, "run weighted-s1:"),
+        ({"base": {"dropout": 0.1}}, "base.dropout: overrides are section.key"),
+        (
+            {"runs": [{"name": "a", "preset": "weighted-tiny"}] * 2},
+            "two runs share the name 'a-s1'",
+        ),
+    ],
+)
+def test_a_bad_grid_file_is_refused_naming_the_key(tmp_path, capsys, changes, message):
+    path = write_grid(tmp_path, **changes)
+    with pytest.raises(ConfigError, match=None) as e:
+        load_grid(path)
+    assert message in str(e.value) and str(path) in str(e.value)
+    assert main(["experiment", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+    assert not (tmp_path / "runs").exists()  # nothing started
+
+
+def test_each_run_gets_the_grid_settings(tmp_path):
+    grid = load_grid(write_grid(tmp_path))
+    assert [s.name for s in grid.runs] == ["weighted-s1", "weighted-s2"]
+    config = grid.runs[1].config()
+    assert (config.train.seed, config.train.threads, config.train.max_steps) == (2, 1, 6)
+    assert (config.train.max_time, config.train.log_every, config.train.valid_every) == (None, 2, 3)
+    # two models: the runs side by side are one seed's models (each shares the machine alike)
+    runs = [{"name": "a", "preset": "weighted-tiny"}, {"name": "b", "preset": "transformer-tiny"}]
+    grid = load_grid(write_grid(tmp_path, runs=runs))
+    assert [s.name for s in grid.runs] == ["a-s1", "b-s1", "a-s2", "b-s2"]
+
+
+def _state(run: Path) -> tuple[int, str | None]:
+    import torch
+
+    last = sorted((run / "checkpoints").glob("*.state.pt"))[-1]
+    state = torch.load(last, weights_only=True)["train_state"]
+    return state["step"], state["finished"]
+
+
+def test_the_runner_skips_a_finished_run_and_resumes_an_interrupted_one(tmp_path, capsys):
+    path = write_grid(tmp_path)
+    grid = load_grid(path)
+    finished, interrupted = grid.runs
+    # seed 1 trained to the end already; seed 2 killed after its checkpoint at step 3 (the
+    # later checkpoint gone, its metrics past step 3 logged: the resume logs them again)
+    Trainer(finished.config(), finished.run_dir, log_to_stderr=False).run()
+    Trainer(interrupted.config(), interrupted.run_dir, log_to_stderr=False).run()
+    for f in (interrupted.run_dir / "checkpoints").glob("step_0000006*"):
+        f.unlink()
+    assert _state(interrupted.run_dir) == (3, None)
+    untouched = {p: p.stat().st_mtime_ns for p in (finished.run_dir / "checkpoints").iterdir()}
+    assert plan_task(finished, grid).what == "score"  # trained, not scored yet
+    assert plan_task(interrupted, grid).what == "resume"
+
+    assert main(["experiment", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "1 to resume, 1 to score" in err
+    assert {
+        p: p.stat().st_mtime_ns for p in (finished.run_dir / "checkpoints").iterdir()
+    } == untouched
+    assert "resumed from step_0000003" in (interrupted.run_dir / "train.log").read_text()
+    assert _state(interrupted.run_dir) == (6, "max_steps=6 reached")
+    for spec in grid.runs:
+        scores = json.loads((spec.run_dir / "scores.json").read_text())
+        assert scores["steps"] == 6 and scores["test"]["beam"] == 2
+        assert {"bleu", "chrf", "bleu_lc"} <= set(scores["test"])
+        assert plan_task(spec, grid) is None  # nothing left
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert "weighted-s1" in summary and "weighted-s2" in summary
+
+    assert main(["experiment", str(path), "--dry-run"]) == 0
+    assert "2 runs, 2 done, 0 to train, 0 to resume, 0 to score" in capsys.readouterr().err
+
+
+def test_a_run_trained_with_other_settings_is_refused(tmp_path):
+    grid = load_grid(write_grid(tmp_path))
+    spec = grid.runs[0]
+    Trainer(spec.config(), spec.run_dir, log_to_stderr=False).run()
+    base = {"train.log_every": 2, "train.valid_every": 3, "train.lr_scale": 0.5}
+    other = load_grid(write_grid(tmp_path, base=base))
+    with pytest.raises(ConfigError, match=r"trained with other settings.*train.lr_scale"):
+        plan_task(other.runs[0], other)
+    # a bigger budget continues the finished run
+    longer = load_grid(write_grid(tmp_path, budget={"max_steps": 9}))
+    assert plan_task(longer.runs[0], longer).what == "resume"
+
+
+def test_a_run_another_process_trains_is_not_touched(tmp_path):
+    grid = load_grid(write_grid(tmp_path))
+    spec = grid.runs[0]
+    spec.run_dir.mkdir(parents=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable, "-c",
+            "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+            "fcntl.lockf(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(60)",
+            str(spec.run_dir / ".lock"),
+        ],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        said: list[str] = []
+        outcome = run_grid(grid, dry_run=True, say=said.append)
+        assert outcome["weighted-s1"] == "busy" and outcome["weighted-s2"] == "train"
+        assert "  weighted-s1: busy: another process is training it; left to it" in said
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_failing_run_is_reported_and_the_others_go_on(tmp_path, capsys):
+    path = write_grid(tmp_path, evaluate=False, analyze=False, seeds=[1])
+    grid = yaml.safe_load(path.read_text())
+    grid["runs"].append(
+        {
+            "name": "diverges",
+            "preset": grid["runs"][0]["preset"],
+            "set": {"train.lr_scale": 1.0e30, "train.max_nonfinite": 1},
+        }
+    )
+    path.write_text(yaml.safe_dump(grid))
+    assert main(["experiment", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "diverges-s1: FAILED (exit 2): wtnmt experiment: error: 1 non-finite updates" in err
+    assert err.splitlines()[-1].endswith(
+        "1 of 2 runs failed (diverges-s1); their logs are experiment.log in each run directory"
+    )
+    assert (tmp_path / "runs" / "weighted-s1" / "model.safetensors").is_file()
+
+
+def test_a_file_where_a_run_directory_goes_is_refused_and_kept(tmp_path, capsys):
+    path = write_grid(tmp_path)
+    grid = load_grid(path)
+    grid.out.mkdir()
+    grid.runs[1].run_dir.write_text("a user's file")
+    assert main(["experiment", str(path)]) == 2
+    assert "is a file, not a run directory" in capsys.readouterr().err
+    assert grid.runs[1].run_dir.read_text() == "a user's file"
+    assert not grid.runs[0].run_dir.exists()  # nothing started
+
+
+def test_the_runner_shows_the_steps_of_the_running_runs(tmp_path):
+    grid = load_grid(write_grid(tmp_path, evaluate=False, analyze=False, seeds=[1]))
+    said: list[str] = []
+    assert run_grid(grid, say=said.append, progress_every=0.0) == {"weighted-s1": "finished"}
+    progress = [line for line in said if "waiting" in line]
+    pattern = re.compile(r"weighted-s1 (starting|step \d+ \(\d+ s\)); 0 waiting")
+    assert progress and all(pattern.search(line) for line in progress)
