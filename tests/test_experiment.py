@@ -204,3 +204,20 @@ def test_the_runner_shows_the_steps_of_the_running_runs(tmp_path):
     progress = [line for line in said if "waiting" in line]
     pattern = re.compile(r"weighted-s1 (starting|step \d+ \(\d+ s\)); 0 waiting")
     assert progress and all(pattern.search(line) for line in progress)
+
+
+def test_a_clone_of_committed_results_is_known_as_finished(tmp_path):
+    # the weights and checkpoints are not committed: a fresh clone has only the small files
+    path = write_grid(tmp_path, seeds=[1], analyze=False)
+    assert main(["experiment", str(path)]) == 0
+    grid = load_grid(path)
+    run = grid.runs[0].run_dir
+    marker = json.loads((run / "finished.json").read_text())
+    assert marker["finished"] == "max_steps=6 reached" and marker["step"] == 6
+    for name in ("checkpoints", "model.safetensors"):
+        target = run / name
+        subprocess.run(["rm", "-r", str(target)], check=True)
+    assert plan_task(grid.runs[0], grid) is None  # done, nothing retrained
+    longer = load_grid(write_grid(tmp_path, seeds=[1], analyze=False, budget={"max_steps": 9}))
+    with pytest.raises(ConfigError, match="finished on another budget, and its checkpoints"):
+        plan_task(longer.runs[0], longer)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from wtnmt.analysis.metrics import RunMetrics
 from wtnmt.analysis.scoring import score_run
 from wtnmt.config import load_config
+from wtnmt.experiment.runner import write_finished
 
 
 def training_summary(run_dir: Path) -> dict[str, Any]:
@@ -41,7 +43,8 @@ def main(argv: list[str]) -> int:
     tune_cpu_allocator()
     if spec["train"]:
         config = load_config(spec["preset"], spec["overrides"])
-        Trainer(config, run_dir, resume=spec["resume"], log_to_stderr=True).run()
+        state = Trainer(config, run_dir, resume=spec["resume"], log_to_stderr=True).run()
+        write_finished(run_dir, asdict(state))
     if spec["evaluate"]:
         split, beam = spec["evaluate"]["split"], spec["evaluate"].get("beam")
         scores = {

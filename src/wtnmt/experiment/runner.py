@@ -76,9 +76,17 @@ def busy(run_dir: Path) -> bool:
     return False
 
 
-def plan_task(spec: RunSpec, grid: Grid) -> Task | None:
+FINISHED = "finished.json"  # written when a run has finished: committed, unlike the weights
+
+
+def plan_task(spec: RunSpec, grid: Grid, *, record: bool = False) -> Task | None:
     """What is left to do with one run (None: nothing; a busy task when another process is
-    training it now: two writers would spoil it, so it is left to that one)."""
+    training it now: two writers would spoil it, so it is left to that one).
+
+    A finished run is known by its last checkpoint, or, where the weights are not there (a
+    clone of committed results), by its ``finished.json``; ``record`` writes that file for a
+    finished run that lacks it.
+    """
     if spec.run_dir.exists() and not spec.run_dir.is_dir():
         raise ConfigError(
             f"{spec.run_dir}: is a file, not a run directory; move it or rename the run"
@@ -88,7 +96,8 @@ def plan_task(spec: RunSpec, grid: Grid) -> Task | None:
     asked = config_to_dict(spec.config())
     evaluate = grid.evaluate is not None
     found = latest_checkpoint(spec.run_dir / "checkpoints", warn=lambda _: None)
-    if found is None:
+    marker = spec.run_dir / FINISHED
+    if found is None and not marker.is_file():
         return Task(spec, train=True, resume=False, evaluate=evaluate)
     recorded = _recorded_config(spec.run_dir) or {}
     differences = config_differences(recorded, asked) + _train_differences(recorded, asked)
@@ -97,16 +106,36 @@ def plan_task(spec: RunSpec, grid: Grid) -> Task | None:
             f"{spec.run_dir}: trained with other settings than {grid.path} asks "
             f"({'; '.join(differences)}); rename the run in the grid or move the directory"
         )
-    finished = found[1]["train_state"].get("finished")
     same_budget = all(
         recorded.get("train", {}).get(k) == asked["train"][k]
         for k in ("max_time", "max_steps", "max_epochs")
     )
-    if finished is None or not same_budget:
+    if found is None:  # finished, and only its small results are here
+        if not same_budget:
+            raise ConfigError(
+                f"{spec.run_dir}: finished on another budget, and its checkpoints are not here "
+                f"to continue from; restore them, or rename the run in the grid"
+            )
+        if evaluate and not _scored(spec.run_dir, grid.evaluate or {}):
+            raise ConfigError(
+                f"{spec.run_dir}: finished but not scored, and its weights are not here"
+            )
+        return None
+    state = found[1]["train_state"]
+    if state.get("finished") is None or not same_budget:
         return Task(spec, train=True, resume=True, evaluate=evaluate)
+    if record and not marker.is_file():
+        write_finished(spec.run_dir, state)
     if evaluate and not _scored(spec.run_dir, grid.evaluate or {}):
         return Task(spec, train=False, resume=False, evaluate=True)
     return None
+
+
+def write_finished(run_dir: Path, state: dict[str, Any]) -> None:
+    from wtnmt.rundir import atomic_write
+
+    fields = {k: state[k] for k in ("finished", "step", "epoch", "elapsed")}
+    atomic_write(run_dir / FINISHED, (json.dumps(fields, indent=2) + "\n").encode())
 
 
 def _train_differences(recorded: dict[str, Any], asked: dict[str, Any]) -> list[str]:
@@ -206,7 +235,7 @@ def run_grid(  # type: ignore[no-untyped-def]
     tasks = []
     outcome: dict[str, str] = {}
     for spec in grid.runs:
-        task = plan_task(spec, grid)
+        task = plan_task(spec, grid, record=not dry_run)
         if task is None:
             outcome[spec.name] = "done"
         elif task.busy:
