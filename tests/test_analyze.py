@@ -148,9 +148,12 @@ def test_kappa_alpha_figure_shades_the_freeze_window_and_pairs_losses(runs):
     assert frozen_from(RunMetrics.load(runs[1])) is None
     pairs = loss_pairs(metrics)
     assert len(pairs) == len(metrics.valid)
-    by_step = {e["step"]: e["loss"] for e in metrics.train}
     assert [p[1] for p in pairs] == [v["valid_loss"] for v in metrics.valid]
-    assert [p[0] for p in pairs] == [by_step[v["step"]] for v in metrics.valid]
+    # validations at 4, 8, 12 and logging every 2: the means of the losses at (2, 4), (6, 8)...
+    by_step = {e["step"]: e["loss"] for e in metrics.train}
+    expected = [(by_step[s - 2] + by_step[s]) / 2 for s in (4, 8, 12)]
+    assert [v["step"] for v in metrics.valid] == [4, 8, 12]
+    assert [p[0] for p in pairs] == pytest.approx(expected)
 
 
 def test_table_3_leaves_the_learned_weights_as_they_were(runs):
@@ -181,3 +184,14 @@ def test_analyze_command_line(runs, tmp_path, capsys):
     assert "not a run directory" in capsys.readouterr().err
     assert main(["analyze", str(runs[0]), "--smooth", "0"]) == 2
     assert "--smooth 0: must be at least 1" in capsys.readouterr().err
+
+
+def test_evaluate_keeps_the_experiment_scores_of_a_run(runs, tmp_path, capsys):
+    run = runs[1]
+    before = json.loads((run / "scores.json").read_text())["test"]
+    src, ref = tmp_path / "a.src", tmp_path / "a.ref"
+    src.write_text("alpha beta\n")
+    ref.write_text("AHPLA ATEB\n")
+    assert main(["evaluate", str(run), "--src", str(src), "--ref", str(ref)]) == 0
+    scores = json.loads((run / "scores.json").read_text())
+    assert scores["test"] == before and scores["n_sentences"] == 1

@@ -164,6 +164,19 @@ def cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _update_scores(path: Path, scores: dict) -> None:
+    """The latest evaluation's keys into the run's scores.json, keeping the keys of others
+    (`wtnmt experiment` keeps its test scores there under "test")."""
+    kept = {}
+    if path.is_file():
+        try:
+            kept = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:
+            kept = {}
+    merged = {**(kept if isinstance(kept, dict) else {}), **scores}
+    path.write_text(json.dumps(merged, indent=2))
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from wtnmt.decode.evaluate import paired_bootstrap, score_corpus
     from wtnmt.decode.translator import Translator
@@ -207,7 +220,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             **paired_bootstrap(refs, hyps, other, samples=args.samples),
         }
     (out / f"{name}.scores.json").write_text(json.dumps(scores, indent=2))
-    (Path(args.run_dir) / "scores.json").write_text(json.dumps(scores, indent=2))
+    _update_scores(Path(args.run_dir) / "scores.json", scores)
     print(
         f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['n_sentences']} "
         f"sentences)\n{scores['signature']}\n{scores['chrf_signature']}"

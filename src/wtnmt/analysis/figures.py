@@ -79,13 +79,14 @@ def plot_branch_weights(
 
 
 def loss_pairs(run: RunMetrics) -> list[tuple[float, float]]:
-    """(training loss, validation loss) at each validation: the training loss logged at the
-    validation's step, or the last one before it."""
-    pairs = []
+    """(training loss, validation loss) at each validation: the training loss is the mean of
+    the entries logged since the previous validation (one window alone is too noisy)."""
+    pairs, previous = [], -1
     for v in run.valid:
-        before = [e for e in run.train if e["step"] <= v["step"]]
-        if before:
-            pairs.append((before[-1]["loss"], v["valid_loss"]))
+        window = [e["loss"] for e in run.train if previous < e["step"] <= v["step"]]
+        if window:
+            pairs.append((sum(window) / len(window), v["valid_loss"]))
+        previous = v["step"]
     return pairs
 
 
@@ -100,7 +101,7 @@ def plot_loss_vs_loss(runs: Sequence[RunMetrics], out_png: str | Path) -> Path |
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for run, pairs in drawn:
         ax.plot([p[0] for p in pairs], [p[1] for p in pairs], marker=".", label=run.name)
-    ax.set_xlabel("training loss (label-smoothed)")
+    ax.set_xlabel("training loss since the previous validation (label-smoothed)")
     ax.set_ylabel("validation loss (label-smoothed)")
     ax.invert_xaxis()  # training goes on to the right
     ax.grid(alpha=0.3)
