@@ -195,3 +195,59 @@ def test_evaluate_keeps_the_experiment_scores_of_a_run(runs, tmp_path, capsys):
     assert main(["evaluate", str(run), "--src", str(src), "--ref", str(ref)]) == 0
     scores = json.loads((run / "scores.json").read_text())
     assert scores["test"] == before and scores["n_sentences"] == 1
+
+
+@pytest.fixture(scope="module")
+def deep_run(tmp_path_factory) -> Path:
+    """A tiny Transformer with transparent attention that logs r_t."""
+    tmp = tmp_path_factory.mktemp("deep")
+    config = tiny_run_config(
+        tmp,
+        model={"attention": "multihead", "encoder_combination": "transparent"},
+        train={"max_steps": 8, "log_every": 2, "valid_every": 4, "grad_ratio": True},
+    )
+    Trainer(config, tmp / "deep-s1", log_to_stderr=False).run()
+    return tmp / "deep-s1"
+
+
+def test_r_t_and_transparent_weights_drawn_are_the_recorded_ones(deep_run, tmp_path):
+    result = analyze([deep_run], tmp_path, say=lambda _: None)
+    recorded = [e for e in RunMetrics.load(deep_run).train if "grad_ratio" in e]
+    assert len(recorded) >= 3
+    drawn = result["data"]["grad_ratio.png"]["deep-s1"]
+    assert drawn["steps"] == [e["step"] for e in recorded]
+    assert drawn["grad_ratio"] == [e["grad_ratio"] for e in recorded]
+    transparent = result["data"]["transparent-deep-s1.png"]
+    assert transparent["steps"][-1] == 8
+    assert transparent["last"] == recorded[-1]["transparent_weights"]
+    last = torch.tensor(transparent["last"])  # [N+1 encoder states, decoder layers]
+    assert torch.allclose(last.sum(0), torch.ones(last.size(1)))
+    for name in ("grad_ratio.png", "transparent-deep-s1.png"):
+        assert (tmp_path / name).stat().st_size > 1000
+
+
+def test_disagreement_scores_of_analyze_equal_the_training_regularizer(runs, tmp_path):
+    from wtnmt.analysis.deep import dev_batches, disagreement_on
+    from wtnmt.disagreement import MODULE_KINDS, TERMS, disagreement
+
+    run = runs[0]  # a Weighted Transformer: its branches are the heads
+    _, _, model = load_run(run)
+    batch = dev_batches(run)[:1]
+    scores = disagreement_on(model, batch)
+    model.eval()
+    with torch.no_grad():
+        internals = model(batch[0].src, batch[0].tgt_in, need_internals=True).internals
+    for kind in MODULE_KINDS:
+        for term in TERMS:
+            # the regularizer of one term on one kind is the mean over that kind's layers
+            regularizer = float(disagreement(internals, terms=[term], modules=[kind]))
+            layers = scores[kind][term]
+            assert sum(layers) / len(layers) == pytest.approx(regularizer, abs=1e-6)
+            assert all(-1.0 <= x <= 0.0 for x in layers)
+    result = analyze([run], tmp_path, say=lambda _: None)
+    table = _markdown_table((tmp_path / "summary.md").read_text(), "Disagreement of attention heads (Li et al., Table 4), mean over layers")  # fmt: skip
+    full = result["data"]["disagreement"]["weighted-s1"]
+    for row in table:
+        kind = row[1]
+        for term, cell in zip(TERMS, row[2:], strict=True):
+            assert cell == f"{sum(full[kind][term]) / len(full[kind][term]):.4f}"

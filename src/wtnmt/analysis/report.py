@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from wtnmt.analysis import figures
+from wtnmt.analysis import deep, figures
 from wtnmt.analysis.tables import Run, Table, groups_table, runs_table, steps_to_bleu_table
 
 
@@ -118,6 +118,31 @@ def bootstrap_table(runs: list[Run], samples: int = 1000) -> Table | None:
     return table
 
 
+def disagreement_table(runs: list[Run]) -> tuple[Table, dict[str, Any]] | None:
+    """Li et al.'s disagreement of subspace, position and output for each attention kind
+    (the mean over layers; per layer in analysis.json), on the first dev batches."""
+    from wtnmt.rundir import load_run
+
+    table = Table(
+        "Disagreement of attention heads (Li et al., Table 4), mean over layers",
+        ["run", "attention", "subspace", "position", "output"],
+        note="on the first 8 dev batches (≤ 4,000 tokens each), eval mode; each term in "
+        "[−1, 0]: −1 when all heads agree, −1/H for orthogonal heads or disjoint positions; "
+        "a Weighted Transformer's branches are its heads",
+    )
+    per_layer: dict[str, Any] = {}
+    for run in runs:
+        if not (run.path / "model.safetensors").is_file():
+            continue
+        _, _, model = load_run(run.path)
+        scores = deep.disagreement_on(model, deep.dev_batches(run.path))
+        per_layer[run.name] = scores
+        for kind, terms in scores.items():
+            means = [sum(terms[t]) / len(terms[t]) for t in ("subspace", "position", "output")]
+            table.rows.append([run.name, kind, *[f"{m:.4f}" for m in means]])
+    return (table, per_layer) if per_layer else None
+
+
 def attention_figure(run: Run, sentence: int, out: Path) -> Path | None:
     from wtnmt.analysis.scoring import split_pairs
     from wtnmt.decode.translator import Translator
@@ -178,6 +203,19 @@ def analyze(
                 run.metrics, out / f"kappa_alpha-{run.name}.png", window=window
             ),
         )
+    drawn: dict[str, Any] = {}  # numbers behind the figures that carry them
+    for caption, made in [
+        ("Gradient-norm ratio r_t over training (Bapna et al., Fig. 1/3)",
+         deep.plot_grad_ratio(metrics, out / "grad_ratio.png")),
+        *[
+            (f"Transparent attention weights s, {run.name} (Bapna et al., Fig. 4)",
+             deep.plot_transparent(run.metrics, out / f"transparent-{run.name}.png"))
+            for run in runs
+        ],
+    ]:  # fmt: skip
+        if made is not None:
+            draw(caption, made[0])
+            drawn[made[0].name] = made[1]
     tables = [runs_table(runs), groups_table(runs)]
     first_best = runs[0].metrics.best_valid if runs else None
     target = target_bleu if target_bleu is not None else (first_best or {}).get("valid_bleu")
@@ -197,6 +235,10 @@ def analyze(
                 f"Cross-attention of each branch, {weighted.name}",
                 attention_figure(weighted, sentence, out),
             )
+        scores = disagreement_table(runs)
+        if scores is not None:
+            tables.append(scores[0])
+            drawn["disagreement"] = scores[1]
         for table in (equal_steps_table(runs), bootstrap_table(runs)):
             if table is not None:
                 tables.append(table)
@@ -205,6 +247,7 @@ def analyze(
         "target_bleu": target,
         "tables": [t.as_dict() for t in tables],
         "figures": [{"caption": c, "file": p.name} for c, p in pictures],
+        "data": drawn,
     }
     (out / "analysis.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     (out / "summary.md").write_text(render_markdown(tables, pictures), encoding="utf-8")
