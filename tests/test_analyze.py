@@ -245,7 +245,8 @@ def test_disagreement_scores_of_analyze_equal_the_training_regularizer(runs, tmp
             assert sum(layers) / len(layers) == pytest.approx(regularizer, abs=1e-6)
             assert all(-1.0 <= x <= 0.0 for x in layers)
     result = analyze([run], tmp_path, say=lambda _: None)
-    table = _markdown_table((tmp_path / "summary.md").read_text(), "Disagreement of attention heads (Li et al., Table 4), mean over layers")  # fmt: skip
+    title = "Disagreement of attention heads (Li et al., Table 4), mean over layers"
+    table = _markdown_table((tmp_path / "summary.md").read_text(), title)
     full = result["data"]["disagreement"]["weighted-s1"]
     for row in table:
         kind = row[1]
