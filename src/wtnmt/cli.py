@@ -10,6 +10,7 @@ from typing import NoReturn
 
 from wtnmt.commands import (
     cmd_analyze,
+    cmd_average,
     cmd_demo,
     cmd_evaluate,
     cmd_experiment,
@@ -168,6 +169,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_serve_arguments(p)
     p.set_defaults(func=cmd_serve)
+
+    p = commands.add_parser(
+        "average",
+        help="average a run's last checkpoints into a new run directory",
+        description="Write the element-wise mean of the weights of RUN's last N checkpoints "
+        "(as fairseq's average_checkpoints) to a new run directory OUT, which translate, "
+        "evaluate and serve read as any run.",
+    )
+    p.add_argument("run_dir", metavar="RUN")
+    p.add_argument("--last", type=int, default=5, help="how many checkpoints (default 5)")
+    p.add_argument("--out", required=True, help="the new run directory (must not exist)")
+    p.set_defaults(func=cmd_average)
 
     p = commands.add_parser(
         "analyze",

@@ -307,3 +307,14 @@ def cmd_experiment(args: argparse.Namespace) -> int:
             f"are experiment.log in each run directory"
         )
     return 0
+
+
+def cmd_average(args: argparse.Namespace) -> int:
+    from wtnmt.rundir.average import average_run
+
+    record = average_run(args.run_dir, args.out, last=args.last)
+    print(
+        f"{args.out}: the mean of {len(record['checkpoints'])} checkpoints of {args.run_dir} "
+        f"({', '.join(record['checkpoints'])})"
+    )
+    return 0

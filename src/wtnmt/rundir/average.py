@@ -1,0 +1,79 @@
+"""Checkpoint averaging (as fairseq's ``average_checkpoints``): the element-wise mean of the
+weights of a run's last N checkpoints, written as a new run directory that every command
+decodes with (config.yaml and spm.model copied, model.safetensors the mean).
+
+The mean of κ (or α) vectors on the simplex is on the simplex: averaging keeps a Weighted
+Transformer's branch weights valid.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save
+
+from wtnmt.errors import CheckpointError
+from wtnmt.rundir.checkpoints import list_checkpoints, load_state
+from wtnmt.rundir.files import CHECKSUM_KEY, atomic_write, read_weights, tensors_sha256
+
+
+def average_weights(paths: list[Path]) -> dict[str, torch.Tensor]:
+    """The mean of every tensor over the weight files (summed in float64, then cast back)."""
+    if not paths:
+        raise CheckpointError("nothing to average: no weight files given")
+    total: dict[str, torch.Tensor] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    for path in paths:
+        tensors = read_weights(path)
+        if total and set(tensors) != set(total):
+            raise CheckpointError(f"{path}: its tensors are not those of {paths[0]}")
+        for name, tensor in tensors.items():
+            if name in total and tensor.shape != total[name].shape:
+                raise CheckpointError(f"{path}: {name} has another shape than in {paths[0]}")
+            dtypes[name] = tensor.dtype
+            if tensor.is_floating_point():
+                total[name] = total.get(name, 0) + tensor.to(torch.float64)
+            else:  # integer buffers (none in wtnmt models today): the last one's
+                total[name] = tensor
+    return {
+        name: (t / len(paths)).to(dtypes[name]) if t.is_floating_point() else t
+        for name, t in total.items()
+    }
+
+
+def average_run(run_dir: str | Path, out: str | Path, *, last: int) -> dict[str, Any]:
+    """Average the last ``last`` checkpoints of ``run_dir`` into the new run directory
+    ``out`` (which must not exist, or be empty). Returns what was averaged."""
+    run_dir, out = Path(run_dir), Path(out)
+    if last < 1:
+        raise CheckpointError(f"--last {last}: average at least 1 checkpoint")
+    states = list_checkpoints(run_dir / "checkpoints")
+    if len(states) < last:
+        raise CheckpointError(
+            f"{run_dir}: {len(states)} checkpoint{'s' * (len(states) != 1)} there, fewer than "
+            f"--last {last} (train.keep_checkpoints sets how many a run keeps)"
+        )
+    for name in ("config.yaml", "spm.model"):
+        if not (run_dir / name).is_file():
+            raise CheckpointError(f"{run_dir}: no {name} there; is it a wtnmt run directory?")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CheckpointError(f"--out {out}: exists and is not empty; give a new directory")
+    chosen = states[-last:]
+    for state in chosen:
+        load_state(state)  # complete and matching its weights, or a CheckpointError
+    weights = [s.with_name(s.name.replace(".state.pt", ".safetensors")) for s in chosen]
+    tensors = average_weights(weights)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / "config.yaml", (run_dir / "config.yaml").read_bytes())
+    atomic_write(out / "spm.model", (run_dir / "spm.model").read_bytes())
+    data = save(tensors, metadata={CHECKSUM_KEY: tensors_sha256(tensors)})
+    atomic_write(out / "model.safetensors", data)
+    record = {"run": str(run_dir), "checkpoints": [w.name for w in weights]}
+    atomic_write(out / "averaged.json", (json.dumps(record, indent=2) + "\n").encode())
+    return record
+
+
+__all__ = ["average_run", "average_weights"]
