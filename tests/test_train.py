@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -520,3 +521,24 @@ def test_the_metrics_end_with_the_last_step_whatever_log_every_is(tmp_path):
     logged = [e["step"] for e in entries if "loss" in e]
     assert logged == [3, 5]  # 5: the two updates after the last log line, at the stop
     assert entries[-2]["branch_weights"]  # the final κ/α are there to draw
+
+
+def test_a_shared_schedule_gives_kappa_alpha_the_learning_rate_of_the_rest(tmp_path):
+    from wtnmt.train.schedule import learning_rates
+
+    config = tiny_run_config(tmp_path, train={"branch_schedule": "shared", "max_steps": 6})
+    m, tc = config.model, config.train
+    for step in (1, 3, 6):
+        lr, lr_b = learning_rates(step, m, tc, frozen=False)
+        expected = inverse_sqrt(step, d_model=m.d_model, warmup=tc.warmup, scale=tc.lr_scale)
+        assert lr_b == lr == expected
+    own = dataclasses.replace(tc, branch_schedule="own")
+    assert learning_rates(3, m, own, frozen=False)[1] == branch_lr(
+        3, d_model=m.d_model, layers=m.encoder_layers, warmup=tc.branch_warmup, scale=tc.lr_scale
+    )
+    assert learning_rates(3, m, tc, frozen=True)[1] == 0.0
+    Trainer(config, tmp_path / "run", log_to_stderr=False).run()
+    from wtnmt.analysis import read_metrics
+
+    logged = [e for e in read_metrics(tmp_path / "run" / "metrics.jsonl") if "lr" in e]
+    assert logged and all(e["lr_branch"] == e["lr"] for e in logged)

@@ -183,6 +183,9 @@ class TrainConfig:
     lr_scale: float = 1.0
     warmup: int = 4000
     branch_warmup: int = 400
+    # κ, α: their own schedule (§4.1: warm-up of branch_warmup, scaled by the encoder depth)
+    # or "shared": the learning rate of every other weight (an ablation)
+    branch_schedule: Literal["own", "shared"] = "own"
     freeze_branch_weights: int = 10_000  # κ, α frozen for the last this-many steps
     freeze_branch_fraction: float = 1 / 6  # the same window for a run bounded by max_time
     adam_betas: tuple[float, float] = (0.9, 0.98)

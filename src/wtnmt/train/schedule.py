@@ -16,6 +16,23 @@ def branch_lr(step: int, *, d_model: int, layers: int, warmup: int, scale: float
     return scale * (d_model / layers) ** -0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
+def learning_rates(step: int, model, train, *, frozen: bool) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """(lr of the weights, lr of κ and α) at ``step``: κ, α on their own schedule, or the
+    shared one (``train.branch_schedule``), 0 inside the freeze window."""
+    lr = inverse_sqrt(step, d_model=model.d_model, warmup=train.warmup, scale=train.lr_scale)
+    if frozen:
+        return lr, 0.0
+    if train.branch_schedule == "shared":
+        return lr, lr
+    return lr, branch_lr(
+        step,
+        d_model=model.d_model,
+        layers=model.encoder_layers,
+        warmup=train.branch_warmup,
+        scale=train.lr_scale,
+    )
+
+
 def branch_weights_frozen(
     step: int,
     elapsed: float,

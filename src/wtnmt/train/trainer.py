@@ -35,13 +35,7 @@ from wtnmt.rundir import (
 )
 from wtnmt.train.report import RunReport
 from wtnmt.train.resume import resume_training, save_training
-from wtnmt.train.schedule import (
-    branch_lr,
-    branch_weights_frozen,
-    inverse_sqrt,
-    step_budget,
-    stop_reason,
-)
+from wtnmt.train.schedule import branch_weights_frozen, learning_rates, step_budget, stop_reason
 from wtnmt.train.state import InterruptFlag, TrainState, Window, make_adam, resolve_device
 from wtnmt.train.update import update
 from wtnmt.train.validation import valid_references, validate
@@ -159,19 +153,7 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=dtype)
 
     def _set_lr(self, frozen: bool) -> tuple[float, float]:
-        step, m = self.state.step + 1, self.config.model
-        lr = inverse_sqrt(step, d_model=m.d_model, warmup=self.tc.warmup, scale=self.tc.lr_scale)
-        lr_b = (
-            0.0
-            if frozen
-            else branch_lr(
-                step,
-                d_model=m.d_model,
-                layers=m.encoder_layers,
-                warmup=self.tc.branch_warmup,
-                scale=self.tc.lr_scale,
-            )
-        )
+        lr, lr_b = learning_rates(self.state.step + 1, self.config.model, self.tc, frozen=frozen)
         self.optimizer.param_groups[0]["lr"] = lr
         if len(self.optimizer.param_groups) > 1:
             self.optimizer.param_groups[1]["lr"] = lr_b
