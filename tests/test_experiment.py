@@ -221,3 +221,14 @@ def test_a_clone_of_committed_results_is_known_as_finished(tmp_path):
     longer = load_grid(write_grid(tmp_path, seeds=[1], analyze=False, budget={"max_steps": 9}))
     with pytest.raises(ConfigError, match="finished on another budget, and its checkpoints"):
         plan_task(longer.runs[0], longer)
+
+
+def test_a_run_recorded_before_a_key_existed_counts_it_at_its_default(tmp_path):
+    # a key added to wtnmt after the run (train.branch_schedule came later) is not a difference
+    path = write_grid(tmp_path, seeds=[1], evaluate=False, analyze=False)
+    assert main(["experiment", str(path)]) == 0
+    grid = load_grid(path)
+    config = grid.runs[0].run_dir / "config.yaml"
+    lines = config.read_text().splitlines(keepends=True)
+    config.write_text("".join(x for x in lines if "branch_schedule" not in x))
+    assert plan_task(grid.runs[0], grid) is None

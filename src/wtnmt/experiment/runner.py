@@ -31,7 +31,7 @@ import yaml
 from wtnmt.config import ConfigError, config_to_dict
 from wtnmt.experiment.grid import Grid, RunSpec
 from wtnmt.rundir import latest_checkpoint
-from wtnmt.rundir.run import MARK, config_differences
+from wtnmt.rundir.run import MARK, config_differences, with_defaults
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def plan_task(spec: RunSpec, grid: Grid, *, record: bool = False) -> Task | None
     marker = spec.run_dir / FINISHED
     if found is None and not marker.is_file():
         return Task(spec, train=True, resume=False, evaluate=evaluate)
-    recorded = _recorded_config(spec.run_dir) or {}
+    recorded = with_defaults(_recorded_config(spec.run_dir) or {})
     differences = config_differences(recorded, asked) + _train_differences(recorded, asked)
     if differences:
         raise ConfigError(

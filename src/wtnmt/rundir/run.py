@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from wtnmt.config import ConfigError, RunConfig, config_to_dict, load_config
+from wtnmt.config import ConfigError, RunConfig, config_from_dict, config_to_dict, load_config
 from wtnmt.data.corpora import sha256_of
 from wtnmt.data.io import DataError
 from wtnmt.data.vocab import Vocabulary
@@ -36,8 +36,20 @@ RELOCATABLE = {("data", "prepared_dir"), ("data", "corpus_dir")}
 MARK = b"# written by wtnmt train: the resolved config of this run\n"
 
 
+def with_defaults(values: dict[str, Any]) -> dict[str, Any]:
+    """A recorded config with the keys added to wtnmt since it was written, at their defaults
+    (what the run did, since a key is added with the behaviour it had); as recorded if it no
+    longer validates."""
+    try:
+        return config_to_dict(config_from_dict(values))
+    except (ConfigError, TypeError):
+        return values
+
+
 def config_differences(trained: dict[str, Any], asked: dict[str, Any]) -> list[str]:
-    """``section.key old → new`` for every model and data key that differs."""
+    """``section.key old → new`` for every model and data key that differs (a key the run
+    predates counts as its default)."""
+    trained = with_defaults(trained)
     found = []
     for section in ("model", "data"):
         old, new = trained.get(section, {}), asked.get(section, {})
