@@ -112,7 +112,7 @@ def bootstrap_table(runs: list[Run], samples: int = 1000) -> Table | None:
                 f"{r['bleu']:.2f} ± {r['ci95']:.2f}",
                 best[0].name,
                 f"{r['baseline_bleu']:.2f} ± {r['baseline_ci95']:.2f}",
-                round(r["p_value"], 4),
+                f"{r['p_value']:.4f}",
             ]
         )
     return table
