@@ -252,3 +252,17 @@ def test_disagreement_scores_of_analyze_equal_the_training_regularizer(runs, tmp
         kind = row[1]
         for term, cell in zip(TERMS, row[2:], strict=True):
             assert cell == f"{sum(full[kind][term]) / len(full[kind][term]):.4f}"
+
+
+def test_cached_scores_are_recomputed_for_new_weights(runs):
+    from wtnmt.analysis.scoring import score_run
+
+    run = runs[1]
+    first = score_run(run)
+    cache = run / "eval" / "test.beamdefault.json"
+    kept = json.loads(cache.read_text())
+    assert kept["weights_sha256"] is not None
+    cache.write_text(json.dumps({**kept, "bleu": -1.0}))
+    assert score_run(run)["bleu"] == -1.0  # the same weights: the kept result
+    cache.write_text(json.dumps({**kept, "bleu": -1.0, "weights_sha256": "other"}))
+    assert score_run(run)["bleu"] == first["bleu"]  # other weights: decoded again

@@ -32,10 +32,18 @@ def split_pairs(run_dir: Path, split: str) -> tuple[list[str], list[str]]:
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def _cached(path: Path, compute) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def _cached(path: Path, weights: Path, compute) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """The result kept in ``path`` if it was computed from these weights (a resumed run has
+    new ones; a clone of committed results has none, and keeps what was computed), else
+    ``compute()``, kept there."""
+    from wtnmt.data.corpora import sha256_of
+
+    digest = sha256_of(weights) if weights.is_file() else None
     if path.is_file():
-        return json.loads(path.read_text(encoding="utf-8"))
-    result = compute()
+        kept = json.loads(path.read_text(encoding="utf-8"))
+        if digest is None or kept.get("weights_sha256") == digest:
+            return kept
+    result = {**compute(), "weights_sha256": digest}
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return result
@@ -85,7 +93,7 @@ def score_run(
             "decode_seconds": round(seconds, 1),
         }
 
-    return _cached(run_dir / "eval" / f"{name}.json", compute)
+    return _cached(run_dir / "eval" / f"{name}.json", run_dir / weights, compute)
 
 
 def branch_weight_ablation(
