@@ -266,3 +266,25 @@ def test_cached_scores_are_recomputed_for_new_weights(runs):
     assert score_run(run)["bleu"] == -1.0  # the same weights: the kept result
     cache.write_text(json.dumps({**kept, "bleu": -1.0, "weights_sha256": "other"}))
     assert score_run(run)["bleu"] == first["bleu"]  # other weights: decoded again
+
+
+def test_a_clone_without_weights_reports_the_same_numbers(runs, tmp_path):
+    # what is committed: no weights, no checkpoints; the decoded scores kept in eval/
+    import shutil
+
+    analyze(runs, tmp_path / "full", random_seeds=2, say=lambda _: None)
+    clones = []
+    for run in runs:
+        clone = tmp_path / "clone" / run.name
+        shutil.copytree(run, clone, ignore=shutil.ignore_patterns("*.safetensors", "checkpoints"))
+        clones.append(clone)
+    analyze(clones, tmp_path / "again", random_seeds=2, say=lambda _: None)
+    full, again = ((tmp_path / d / "summary.md").read_text() for d in ("full", "again"))
+    for title in (
+        "Runs",
+        "Branch weights at test time (paper Table 3), weighted-s1",
+        "Test scores at equal update steps (12)",
+        "Paired bootstrap on the test split (1000 samples), best seeds by dev BLEU",
+    ):
+        assert _markdown_table(again, title) == _markdown_table(full, title), title
+    assert not (tmp_path / "again" / "attention-weighted-s1.png").exists()  # needs the weights

@@ -52,7 +52,7 @@ def ablation_table(run: Run, random_seeds: int) -> Table:
 def equal_steps_table(runs: list[Run]) -> Table | None:
     """Test scores of every run at the fewest steps any run made: each run's checkpoint of the
     best dev BLEU among validations up to that step (a faster model is cut back to it)."""
-    from wtnmt.analysis.scoring import score_run
+    from wtnmt.analysis.scoring import has_score, score_run
 
     if len(runs) < 2:
         return None
@@ -67,7 +67,7 @@ def equal_steps_table(runs: list[Run]) -> Table | None:
         chosen = None
         for v in sorted(valid, key=lambda v: -v["valid_bleu"]):
             weights = f"checkpoints/step_{v['step']:07d}.safetensors"
-            if (run.path / weights).is_file():
+            if has_score(run.path, weights=weights):
                 chosen = (v, weights)
                 break
         if chosen is None:

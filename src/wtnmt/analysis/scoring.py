@@ -49,6 +49,22 @@ def _cached(path: Path, weights: Path, compute) -> dict[str, Any]:  # type: igno
     return result
 
 
+def score_name(
+    *, split: str, beam: int | None, weights: str, branch_weights: str = "learned", seed: int = 0
+) -> str:
+    """The name of a score's files in the run's ``eval/`` (``.json`` and ``.hyp``)."""
+    stem = "" if weights == "model.safetensors" else Path(weights).name.split(".")[0] + "."
+    stem += "" if branch_weights == "learned" else f"{branch_weights}{seed}."
+    return f"{stem}{split}.beam{beam or 'default'}"
+
+
+def has_score(run_dir: Path, **how: Any) -> bool:
+    """Whether ``score_run(run_dir, **how)`` can answer: its weights or its kept result."""
+    weights = how.get("weights", "model.safetensors")
+    name = score_name(split=how.get("split", "test"), beam=how.get("beam"), weights=weights)
+    return (run_dir / weights).is_file() or (run_dir / "eval" / f"{name}.json").is_file()
+
+
 def score_run(
     run_dir: str | Path,
     *,
@@ -66,9 +82,9 @@ def score_run(
     from wtnmt.model import branch_weights_overridden
 
     run_dir = Path(run_dir)
-    stem = "" if weights == "model.safetensors" else Path(weights).name.split(".")[0] + "."
-    stem += "" if branch_weights == "learned" else f"{branch_weights}{seed}."
-    name = f"{stem}{split}.beam{beam or 'default'}"
+    name = score_name(
+        split=split, beam=beam, weights=weights, branch_weights=branch_weights, seed=seed
+    )
 
     def compute() -> dict[str, Any]:
         translator = Translator.load(run_dir, weights=weights)
@@ -139,8 +155,10 @@ def bootstrap(
 __all__ = [
     "bootstrap",
     "branch_weight_ablation",
+    "has_score",
     "lowercased_bleu",
     "read_hypotheses",
+    "score_name",
     "score_run",
     "split_pairs",
 ]
