@@ -19,18 +19,23 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     series goes back in step, the entries of the lost continuation are dropped.
     """
     kept: list[dict[str, Any]] = []
+    last: dict[str, int] = {}  # the last step of each series
     with open(path, encoding="utf-8") as f:
         for line in f:
             if not line.strip():
                 continue
             entry = json.loads(line)
             kind = _kind(entry)
-            rewound = [
-                i for i, e in enumerate(kept) if _kind(e) == kind and e["step"] >= entry["step"]
-            ]
-            if rewound:  # the lost continuation is everything from its first entry on
-                del kept[rewound[0] :]
+            if entry["step"] <= last.get(kind, -1):  # a resume: cut the lost continuation
+                first = next(
+                    i for i, e in enumerate(kept) if _kind(e) == kind and e["step"] >= entry["step"]
+                )
+                del kept[first:]
+                last = {}
+                for e in kept:
+                    last[_kind(e)] = e["step"]
             kept.append(entry)
+            last[kind] = entry["step"]
     return kept
 
 

@@ -15,7 +15,6 @@ refused, naming the settings: the grid never trains over someone else's run.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
@@ -30,7 +29,7 @@ import yaml
 
 from wtnmt.config import ConfigError, config_to_dict
 from wtnmt.experiment.grid import Grid, RunSpec
-from wtnmt.rundir import latest_checkpoint
+from wtnmt.rundir import RunDirectory, latest_checkpoint
 from wtnmt.rundir.run import MARK, config_differences, with_defaults
 
 
@@ -61,21 +60,6 @@ def _recorded_config(run_dir: Path) -> dict[str, Any] | None:
     return yaml.safe_load(data[len(MARK) :].decode("utf-8"))
 
 
-def busy(run_dir: Path) -> bool:
-    """Whether another process holds the run's lock (is training it now)."""
-    lock = run_dir / ".lock"
-    if not lock.is_file():
-        return False
-    fd = os.open(lock, os.O_RDWR)
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)  # releases it again if we got it
-    return False
-
-
 FINISHED = "finished.json"  # written when a run has finished: committed, unlike the weights
 
 
@@ -91,7 +75,7 @@ def plan_task(spec: RunSpec, grid: Grid, *, record: bool = False) -> Task | None
         raise ConfigError(
             f"{spec.run_dir}: is a file, not a run directory; move it or rename the run"
         )
-    if busy(spec.run_dir):
+    if RunDirectory(spec.run_dir).busy():
         return Task(spec, train=False, resume=False, evaluate=False, busy=True)
     asked = config_to_dict(spec.config())
     evaluate = grid.evaluate is not None

@@ -96,6 +96,20 @@ class RunDirectory:
         for path in debris:
             path.unlink(missing_ok=True)
 
+    def busy(self) -> bool:
+        """Whether another process holds the lock (is writing this run now). Reads only."""
+        lock = self.path / ".lock"
+        if self._lock_fd is not None or not lock.is_file():
+            return False
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)  # closing releases it again where it was taken
+        return False
+
     def unlock(self) -> None:
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # closing releases the lock
