@@ -1,25 +1,34 @@
 #!/usr/bin/env python3
-"""Training throughput of the `small`-shaped Weighted Transformer and Transformer, measured
-as ../shared/bench/PEERS.md measured fairseq, OpenNMT-py, JoeyNMT and x-transformers.
+"""Training throughput of the `small`-shaped Weighted Transformer and Transformer against a
+plain `torch.nn.Transformer` of the same shape and recipe (the floor), on the data and settings
+of ../shared/bench/PEERS.md, and the peak memory of each precision.
 
-    python benchmarks/train_speed.py [--bench-dir ../shared/bench] [--seconds 90]
+    python benchmarks/train_speed.py [--bench-dir ../shared/bench] [--seconds 120] [--threads 2]
 
 Data: make_synthetic.py's corpus (20,000 pairs, pre-tokenised: its vocab.txt gives the ids,
 no sentencepiece). Model: N=3 D=256 F=1024 H=M=4, dropout 0.1, tied embeddings, label
-smoothing 0.1, Adam with the inverse-√ warm-up: the presets weighted-small and
-transformer-small. Batches: ~4,000 tokens in the peers' sense, n × max padded length of one
-side (fairseq's --max-tokens), which is max_tokens = 8192 in wtnmt's convention (padded source
-+ target). Throughput: real target tokens (EOS included) per second through the real training
-step (Trainer.update: forward, backward, Adam, simplex projection), after 10 warm-up steps,
-over ``--seconds``, 2 threads. Each configuration runs in its own process so that its peak
-RSS is its own. The last line reads
-`train tgt tok/s weighted fp32: X  transformer fp32: Y  weighted bf16: Z`.
+smoothing 0.1, Adam (0.9, 0.98): the presets weighted-small and transformer-small. Batches:
+~4,000 tokens in the peers' sense, n × max padded length of one side (fairseq's --max-tokens),
+which is max_tokens = 8192 in wtnmt's convention (padded source + target).
+
+Throughput: the models take turns, one training step each on the same batch, in an order that
+rotates every round, for ``--seconds`` after ``--warmup`` (10) rounds (this machine drifts by ±20%
+over minutes: only figures measured side by side compare). wtnmt's models go through the real
+training step (Trainer.update: forward, backward, Adam, simplex projection); the floor is the
+loop a user writes around `nn.Transformer` (logits at every position, `F.cross_entropy` with
+label smoothing, `torch.optim.Adam`). Each figure is real target tokens (EOS included) per
+second of its own steps, and its ratio to the floor's (PEERS.md: fairseq 1.11× the floor).
+
+Memory: each precision of the Weighted Transformer trains ``--memory-steps`` steps in its own
+process, whose peak RSS is its own. The last line reads
+`train tgt tok/s ×floor: weighted fp32 X  transformer fp32 Y  weighted bf16 Z`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import resource
 import subprocess
 import sys
@@ -58,15 +67,71 @@ def build_data(bench_dir: Path, out: Path) -> int:
     return vocab_size
 
 
-def measure(flavour: str, precision: str, data: Path, vocab: int, seconds: float) -> dict:
-    import torch
+class Floor:
+    """The plain loop around ``torch.nn.Transformer``: sinusoidal positions, √d-scaled tied
+    embeddings, post-norm, logits at every target position, label-smoothed cross-entropy."""
 
+    def __init__(self, vocab: int, d: int = 256, heads: int = 4, layers: int = 3, ff: int = 1024):
+        import torch
+        from torch import nn
+
+        from wtnmt.special import PAD
+
+        torch.manual_seed(0)
+        self.pad, self.d = PAD, d
+        self.embed = nn.Embedding(vocab, d, padding_idx=PAD)
+        nn.init.normal_(self.embed.weight, 0, d**-0.5)
+        self.net = nn.Transformer(
+            d, heads, layers, layers, ff, dropout=0.1, batch_first=True, norm_first=False
+        )
+        position = torch.arange(1024)[:, None]
+        freq = torch.exp(torch.arange(0, d, 2) * (-math.log(10000.0) / d))
+        self.pe = torch.zeros(1024, d)
+        self.pe[:, 0::2], self.pe[:, 1::2] = torch.sin(position * freq), torch.cos(position * freq)
+        self.dropout = nn.Dropout(0.1)
+        params = [*self.embed.parameters(), *self.net.parameters()]
+        self.optimizer = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+
+    def _embed(self, ids):  # type: ignore[no-untyped-def]
+        return self.dropout(self.embed(ids) * self.d**0.5 + self.pe[: ids.size(1)])
+
+    def update(self, batches):  # type: ignore[no-untyped-def]
+        import torch
+        import torch.nn.functional as F
+
+        tokens = 0
+        for b in batches:
+            src_pad, tgt_pad = b.src.eq(self.pad), b.tgt_in.eq(self.pad)
+            n_tgt = b.tgt_in.size(1)
+            causal = torch.ones(n_tgt, n_tgt, dtype=torch.bool).triu(1)  # True: masked
+            hidden = self.net(
+                self._embed(b.src),
+                self._embed(b.tgt_in),
+                tgt_mask=causal,
+                src_key_padding_mask=src_pad,
+                tgt_key_padding_mask=tgt_pad,
+                memory_key_padding_mask=src_pad,
+            )
+            logits = F.linear(hidden, self.embed.weight)
+            loss = F.cross_entropy(
+                logits.view(-1, logits.size(-1)),
+                b.tgt_out.reshape(-1),
+                ignore_index=self.pad,
+                label_smoothing=0.1,
+                reduction="sum",
+            )
+            n = int(b.tgt_out.ne(self.pad).sum())
+            (loss / n).backward()
+            tokens += n
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return 0.0, 0.0, tokens, 0.0, None
+
+
+def _trainer(flavour: str, precision: str, data: Path, vocab: int, run: str, threads: int):  # type: ignore[no-untyped-def]
     from wtnmt.config import load_config
-    from wtnmt.runtime import tune_cpu_allocator
     from wtnmt.train import Trainer
 
-    torch.set_num_threads(2)
-    tune_cpu_allocator()  # as `wtnmt train` does
     config = load_config(
         f"{flavour}-small",
         [
@@ -74,86 +139,114 @@ def measure(flavour: str, precision: str, data: Path, vocab: int, seconds: float
             f"train.precision={precision}",
             "train.max_steps=1000000",
             "train.max_time=null",
-            "train.threads=2",
+            f"train.threads={threads}",
             "train.device=cpu",
         ],
     )
-    with tempfile.TemporaryDirectory() as run:
-        trainer = Trainer(config, run, log_to_stderr=False, data_dir=data, vocab_size=vocab)
-        d = trainer.train_data
-        from wtnmt.data import plan_batches
+    return Trainer(config, run, log_to_stderr=False, data_dir=data, vocab_size=vocab)
 
-        plan = plan_batches(d.src_lengths, d.tgt_lengths, max_tokens=8192, seed=1, epoch=0)
-        batches = [d.collate(i) for i in plan.batches]
-        step, tokens, start = 0, 0, None
-        while True:
-            batch = batches[step % len(batches)]
-            _, _, n, _, _ = trainer.update([batch])
-            step += 1
-            if step == 10:
+
+def _batches(trainer, limit: int = 200):  # type: ignore[no-untyped-def]
+    from wtnmt.data import plan_batches
+
+    d = trainer.train_data
+    plan = plan_batches(d.src_lengths, d.tgt_lengths, max_tokens=8192, seed=1, epoch=0)
+    return [d.collate(i) for i in plan.batches[:limit]]
+
+
+def alternate(
+    data: Path, vocab: int, seconds: float, threads: int, warmup: int = 10
+) -> dict[str, float]:
+    """Target tokens per second of each entry, taking turns on the same batches."""
+    import torch
+
+    from wtnmt.runtime import tune_cpu_allocator
+
+    torch.set_num_threads(threads)
+    tune_cpu_allocator()  # as `wtnmt train` does
+    with tempfile.TemporaryDirectory() as tmp:
+        entries = {"floor fp32": Floor(vocab)}
+        for flavour, precision in (("transformer", "fp32"), ("weighted", "fp32"),
+                                   ("weighted", "bf16")):  # fmt: skip
+            entries[f"{flavour} {precision}"] = _trainer(
+                flavour, precision, data, vocab, f"{tmp}/{flavour}-{precision}", threads
+            )
+        batches = _batches(entries["weighted fp32"])
+        names = list(entries)
+        spent = {name: 0.0 for name in names}
+        tokens = {name: 0 for name in names}
+        rounds, begin = 0, None
+        while begin is None or time.perf_counter() - begin < seconds:
+            batch = batches[rounds % len(batches)]
+            shift = rounds % len(names)
+            for name in names[shift:] + names[:shift]:
                 start = time.perf_counter()
-            elif step > 10:
-                tokens += n
-                if time.perf_counter() - start >= seconds:
-                    break
-        elapsed = time.perf_counter() - start
-    return {
-        "flavour": flavour,
-        "precision": precision,
-        "steps": step - 10,
-        "tgt_tok_per_s": tokens / elapsed,
-        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-    }
+                _, _, n, _, _ = entries[name].update([batch])
+                if rounds >= warmup:
+                    spent[name] += time.perf_counter() - start
+                    tokens[name] += n
+            rounds += 1
+            if rounds == warmup:
+                begin = time.perf_counter()
+    print(f"{rounds - warmup} timed rounds of one step each, {threads} threads", flush=True)
+    return {name: tokens[name] / spent[name] for name in names}
+
+
+def peak_memory(flavour: str, precision: str, data: Path, vocab: int, steps: int) -> dict:
+    import torch
+
+    from wtnmt.runtime import tune_cpu_allocator
+
+    torch.set_num_threads(2)
+    tune_cpu_allocator()
+    with tempfile.TemporaryDirectory() as run:
+        trainer = _trainer(flavour, precision, data, vocab, run, 2)
+        batches = _batches(trainer, steps)
+        for step in range(steps):
+            trainer.update([batches[step % len(batches)]])
+    return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
     parser.add_argument("--work", type=Path, default=ROOT / "bench-data")
-    parser.add_argument("--seconds", type=float, default=90.0)
-    parser.add_argument("--one", nargs=2, metavar=("FLAVOUR", "PRECISION"), help=argparse.SUPPRESS)
+    parser.add_argument("--seconds", type=float, default=120.0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=10, help="untimed rounds first")
+    parser.add_argument("--memory-steps", type=int, default=40)
+    parser.add_argument(
+        "--memory", nargs=2, metavar=("FLAVOUR", "PRECISION"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     vocab = build_data(args.bench_dir, args.work)
-    if args.one:
-        result = measure(*args.one, args.work / "prepared", vocab, args.seconds)
-        print(json.dumps(result))
+    data = args.work / "prepared"
+    if args.memory:
+        print(json.dumps(peak_memory(*args.memory, data, vocab, args.memory_steps)))
         return
-    results = {}
-    for flavour, precision in (("weighted", "fp32"), ("transformer", "fp32"), ("weighted", "bf16")):
+    rates = alternate(data, vocab, args.seconds, args.threads, args.warmup)
+    floor = rates["floor fp32"]
+    for name, rate in rates.items():
+        print(f"  {name:18s} {rate:8.0f} tgt tok/s   {rate / floor:.2f}× floor", flush=True)
+    memory = {}
+    for flavour, precision in (("weighted", "fp32"), ("weighted", "bf16"), ("transformer", "fp32")):
         out = subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                "--bench-dir",
-                str(args.bench_dir),
-                "--work",
-                str(args.work),
-                "--seconds",
-                str(args.seconds),
-                "--one",
-                flavour,
-                precision,
-            ],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        results[(flavour, precision)] = r
-        print(
-            f"{flavour:12s} {precision}: {r['tgt_tok_per_s']:8.0f} tgt tok/s over "
-            f"{r['steps']} steps, peak RSS {r['peak_rss_gib']:.2f} GiB",
-            flush=True,
-        )
-    w, t = results[("weighted", "fp32")], results[("transformer", "fp32")]
+            [sys.executable, __file__, "--bench-dir", str(args.bench_dir), "--work",
+             str(args.work), "--memory-steps", str(args.memory_steps), "--memory", flavour,
+             precision],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        memory[f"{flavour} {precision}"] = json.loads(out.stdout.strip().splitlines()[-1])
     print(
-        f"weighted / transformer (fp32): {w['tgt_tok_per_s'] / t['tgt_tok_per_s']:.2f}x; "
-        f"fairseq's figure on this kind of machine: 2338 tgt tok/s"
+        f"peak RSS over {args.memory_steps} steps, each in its own process: "
+        + ", ".join(f"{name} {m['peak_rss_gib']:.2f} GiB" for name, m in memory.items())
     )
     print(
-        f"train tgt tok/s weighted fp32: {w['tgt_tok_per_s']:.0f}  transformer fp32: "
-        f"{t['tgt_tok_per_s']:.0f}  weighted bf16: "
-        f"{results[('weighted', 'bf16')]['tgt_tok_per_s']:.0f}"
+        "train tgt tok/s ×floor: "
+        + "  ".join(
+            f"{name} {rates[name] / floor:.2f}"
+            for name in ("weighted fp32", "transformer fp32", "weighted bf16")
+        )
     )
 
 

@@ -107,13 +107,13 @@ def test_analyze_draws_every_figure_and_the_numbers_are_the_recorded_ones(runs, 
     result = analyze(runs, out, random_seeds=2, say=lambda _: None)
     for name in (
         "validation.png", "loss_vs_loss.png", "kappa_alpha-weighted-s1.png",
-        "steps_to_bleu.png", "attention-weighted-s1.png", "summary.md", "report.html",
-        "analysis.json",
+        "steps_to_bleu.png", "attention-weighted-s1.png", "disagreement.png", "summary.md",
+        "report.html", "analysis.json",
     ):  # fmt: skip
         assert (out / name).stat().st_size > 1000, name
     assert not (out / "kappa_alpha-transformer-s1.png").exists()  # no κ, α to draw
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == len(result["figures"]) == 5
+    assert html.count("data:image/png;base64,") == len(result["figures"]) == 6
     assert "http://" not in html and "https://" not in html  # nothing fetched
     summary = (out / "summary.md").read_text()
     rows = {r[0]: r for r in _markdown_table(summary, "Runs")}
@@ -123,9 +123,10 @@ def test_analyze_draws_every_figure_and_the_numbers_are_the_recorded_ones(runs, 
         best = metrics.best_valid
         row = rows[run.name]
         assert row[2] == str(metrics.train[-1]["step"]) == "12"
-        assert row[5] == f"{best['valid_bleu']:.2f} ({best['step']})"
-        assert row[6] == f"{scores['test']['bleu']:.2f}"
-        assert row[7] == f"{scores['test']['chrf']:.2f}"
+        assert row[4] == str(round(1000 * metrics.train[-1]["elapsed"] / 12))  # ms/step
+        assert row[6] == f"{best['valid_bleu']:.2f} ({best['step']})"
+        assert row[7] == f"{scores['test']['bleu']:.2f}"
+        assert row[8] == f"{scores['test']['chrf']:.2f}"
     # steps to the first run's best dev BLEU: the first run reaches it where it was best
     target = RunMetrics.load(runs[0]).best_valid
     assert result["target_bleu"] == target["valid_bleu"]
@@ -252,6 +253,24 @@ def test_disagreement_scores_of_analyze_equal_the_training_regularizer(runs, tmp
         kind = row[1]
         for term, cell in zip(TERMS, row[2:], strict=True):
             assert cell == f"{sum(full[kind][term]) / len(full[kind][term]):.4f}"
+    # the per-layer figure draws the same numbers (one seed: the model's mean is the run's)
+    assert result["data"]["disagreement.png"]["weighted"] == full
+    assert (tmp_path / "disagreement.png").stat().st_size > 1000
+
+
+def test_disagreement_figure_averages_the_seeds_of_a_model(tmp_path):
+    from wtnmt.analysis.deep import plot_disagreement
+
+    def scores(x: float) -> dict[str, dict[str, list[float]]]:
+        return {"encoder_self": {"subspace": [x, 2 * x], "position": [-x, 0.0]}}
+
+    path, drawn = plot_disagreement(
+        {"a-s1": scores(-0.1), "a-s2": scores(-0.3), "b-s1": scores(-0.5)}, tmp_path / "d.png"
+    )
+    assert drawn["a"]["encoder_self"]["subspace"] == pytest.approx([-0.2, -0.4])
+    assert drawn["a"]["encoder_self"]["position"] == pytest.approx([0.2, 0.0])
+    assert drawn["b"] == scores(-0.5)
+    assert path.stat().st_size > 1000
 
 
 def test_cached_scores_are_recomputed_for_new_weights(runs):

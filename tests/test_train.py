@@ -284,7 +284,8 @@ def test_ddp_with_two_processes_equals_one_process_fed_the_same_global_batches(t
         torch.testing.assert_close(ddp[name], value, rtol=1e-4, atol=1e-5, msg=name)
 
 
-def test_a_tiny_weighted_model_overfits_twenty_pairs(tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_tiny_weighted_model_overfits_twenty_pairs(tmp_path, precision):
     sources = [sentence(i, 3 + i % 3) for i in range(20)]
     config = tiny_run_config(
         tmp_path,
@@ -300,6 +301,7 @@ def test_a_tiny_weighted_model_overfits_twenty_pairs(tmp_path):
             "save_every": 1000,
             "log_every": 50,
             "lr_scale": 0.5,
+            "precision": precision,  # bf16: autocast, the weights stay float32
         },
     )
     write_pairs(tmp_path, "train", sources)  # exactly these 20 pairs

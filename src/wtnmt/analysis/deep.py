@@ -101,6 +101,51 @@ def disagreement_on(model, batches) -> dict[str, dict[str, list[float]]]:  # typ
     return total
 
 
+def plot_disagreement(
+    per_run: dict[str, dict[str, dict[str, list[float]]]], out_png: str | Path
+) -> tuple[Path, dict[str, Any]] | None:
+    """Li et al.'s disagreement per layer: one panel per term (rows) and attention kind
+    (columns), one line per model (runs named ``<model>-s<seed>``, averaged over seeds)."""
+    from wtnmt.analysis.metrics import group_name
+
+    groups: dict[str, list[dict[str, dict[str, list[float]]]]] = {}
+    for name, scores in per_run.items():
+        groups.setdefault(group_name(name), []).append(scores)
+    if not groups:
+        return None
+    drawn: dict[str, Any] = {}
+    for group, members in groups.items():
+        first = members[0]
+        drawn[group] = {
+            kind: {
+                term: [
+                    sum(m[kind][term][i] for m in members) / len(members)
+                    for i in range(len(layers))
+                ]
+                for term, layers in terms.items()
+            }
+            for kind, terms in first.items()
+        }
+    kinds = list(next(iter(drawn.values())))
+    terms = list(next(iter(drawn.values()))[kinds[0]])
+    plt = _pyplot()
+    fig, axes = plt.subplots(
+        len(terms), len(kinds), figsize=(3.6 * len(kinds), 2.6 * len(terms)), squeeze=False
+    )
+    for row, term in enumerate(terms):
+        for col, kind in enumerate(kinds):
+            ax = axes[row][col]
+            for group, scores in drawn.items():
+                values = scores[kind][term]
+                ax.plot(range(1, len(values) + 1), values, marker="o", label=group)
+            ax.set_title(f"{term}, {kind}", fontsize=9)
+            ax.set_xlabel("layer", fontsize=8)
+            ax.grid(alpha=0.3)
+        axes[row][0].set_ylabel("D (−1: heads agree)", fontsize=8)
+    axes[0][-1].legend(fontsize=6)
+    return _save(fig, out_png), drawn
+
+
 def dev_batches(run_dir: Path, *, max_tokens: int = 4000, limit: int = 8):  # type: ignore[no-untyped-def]
     """The first ``limit`` batches of the run's dev split in a fixed order, from its prepared
     data (prepared again if it is not there), checked to use the run's own vocabulary."""
@@ -126,6 +171,7 @@ __all__ = [
     "dev_batches",
     "disagreement_on",
     "grad_ratio_series",
+    "plot_disagreement",
     "plot_grad_ratio",
     "plot_transparent",
     "transparent_series",

@@ -239,6 +239,10 @@ def analyze(
         if scores is not None:
             tables.append(scores[0])
             drawn["disagreement"] = scores[1]
+            made = deep.plot_disagreement(scores[1], out / "disagreement.png")
+            if made is not None:
+                draw("Disagreement of attention heads per layer (Li et al., Tables 4–5)", made[0])
+                drawn[made[0].name] = made[1]
         for table in (equal_steps_table(runs), bootstrap_table(runs)):
             if table is not None:
                 tables.append(table)

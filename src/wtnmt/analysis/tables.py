@@ -51,6 +51,11 @@ class Run:
     def seconds(self) -> float:
         return self.metrics.train[-1].get("elapsed", 0.0) if self.metrics.train else 0.0
 
+    @property
+    def ms_per_step(self) -> float | None:
+        """Milliseconds of updates per step: the cost of a step on this run's machine."""
+        return round(1000 * self.seconds / self.steps) if self.steps else None
+
     def test(self, key: str) -> float | None:
         split = (self.scores or {}).get("test")
         return None if split is None else split.get(key)
@@ -93,6 +98,7 @@ def runs_table(runs: list[Run]) -> Table:
             "budget",
             "steps",
             "update s",
+            "ms/step",
             "tgt tok/s",
             "best dev BLEU (step)",
             "test BLEU",
@@ -101,7 +107,7 @@ def runs_table(runs: list[Run]) -> Table:
         ],
         note="dev BLEU: greedy decoding at each validation; test: beam search with the "
         "weights of the best dev BLEU; BLEU lc: lowercased (the Multi30k literature's); "
-        "tgt tok/s: median over logged windows",
+        "ms/step: seconds of updates per step; tgt tok/s: median over logged windows",
     )
     for run in runs:
         best = run.metrics.best_valid
@@ -112,6 +118,7 @@ def runs_table(runs: list[Run]) -> Table:
                 run.budget,
                 run.steps,
                 round(run.seconds),
+                run.ms_per_step,
                 None if rate is None else round(rate),
                 None if best is None else f"{best['valid_bleu']:.2f} ({best['step']})",
                 run.test("bleu"),
@@ -130,6 +137,7 @@ def groups_table(runs: list[Run]) -> Table:
             "model",
             "seeds",
             "steps",
+            "ms/step",
             "tgt tok/s",
             "best dev BLEU",
             "test BLEU",
@@ -144,6 +152,7 @@ def groups_table(runs: list[Run]) -> Table:
         cells: list[Any] = [name, len(members)]
         for values in (
             [float(r.steps) for r in members],
+            [r.ms_per_step for r in members],
             [r.metrics.tokens_per_second() for r in members],
             [(r.metrics.best_valid or {}).get("valid_bleu") for r in members],
             [r.test("bleu") for r in members],

@@ -87,7 +87,9 @@ class BranchedAttention(nn.Module):
         """
         key = None
         if not torch.is_grad_enabled():
-            key = tuple((p.data_ptr(), p._version) for p in self.parameters())
+            # autocast makes bf16 fused weights: a pass without it must not reuse them
+            autocast = torch.is_autocast_enabled(self.w1.device.type)
+            key = (autocast, *((p.data_ptr(), p._version) for p in self.parameters()))
             if self._fused_cache is not None and self._fused_cache[0] == key:
                 return self._fused_cache[1]
         if self.ffn == "split":

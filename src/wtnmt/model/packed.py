@@ -9,8 +9,9 @@ matmul of a decoding step.
 
 The packed copy is kept while the weight is unchanged (an in-place update bumps its version
 counter, loading another tensor changes its address) and dropped as soon as gradients are
-enabled again (training). With gradients, on another device or dtype, or where the build has
-no oneDNN, it is a plain ``F.linear``.
+enabled again (training). With gradients, under autocast (whose casts the packed float32 copy
+would not follow), on another device or dtype, or where the build has no oneDNN, it is a plain
+``F.linear``.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class PackedLinear:
             return F.linear(x, weight, bias)
         if (
             x.device.type != "cpu"
+            or torch.is_autocast_enabled("cpu")  # bf16 validation: autocast's own matmul
             or x.dtype != torch.float32
             or weight.dtype != torch.float32
             or not onednn_available()

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""The cost of one training step of every run of experiment grids, measured side by side:
+the runs' models take turns on the same batches in one process, so that a ratio between two
+of them does not depend on how busy the machine was (run-time throughput does).
+
+    python benchmarks/grid_step_cost.py experiments/multi30k-ablations.yaml \
+        experiments/multi30k-disagreement.yaml [--threads 1] [--rounds 20]
+
+Each grid run (its first seed) gets a Trainer with the run's exact config, and every step goes
+through the real training update (`Trainer.update`: forward, loss with any disagreement term,
+backward, Adam, simplex projection). Batches: the first `--batches` of the corpus's training
+split in the grid's batch size. After 3 warm-up steps each, `--rounds` rounds; in each, every
+model makes one step on the same batch, in an order that rotates from round to round. Printed:
+the median milliseconds a step per run, and its ratio to the reference run of its model (the
+grid's first run of the same preset without overrides of its own: "weighted", "transformer").
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("grids", nargs="+", type=Path)
+    parser.add_argument("--threads", type=int, default=1, help="as the grids' runs had")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--batches", type=int, default=10)
+    args = parser.parse_args()
+
+    import torch
+
+    from wtnmt.data import plan_batches
+    from wtnmt.experiment.grid import load_grid
+    from wtnmt.runtime import tune_cpu_allocator
+    from wtnmt.train import Trainer
+
+    torch.set_num_threads(args.threads)
+    tune_cpu_allocator()
+    specs = {}
+    for path in args.grids:
+        for spec in load_grid(path).runs:
+            specs.setdefault(spec.label, spec)
+    # a model's reference: its run with the fewest overrides (no `set` of its own)
+    reference = {
+        label: min(
+            (s for s in specs.values() if s.preset == spec.preset),
+            key=lambda s: len(s.overrides),
+        ).label
+        for label, spec in specs.items()
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        trainers, batches = {}, None
+        for label, spec in specs.items():
+            config = spec.config()
+            trainers[label] = Trainer(config, Path(tmp) / label, log_to_stderr=False)
+            if batches is None:
+                data = trainers[label].train_data
+                plan = plan_batches(
+                    data.src_lengths,
+                    data.tgt_lengths,
+                    max_tokens=config.train.max_tokens,
+                    seed=1,
+                    epoch=0,
+                )
+                batches = [data.collate(i) for i in plan.batches[: args.batches]]
+        assert batches is not None
+        labels = list(trainers)
+        for label in labels:
+            for batch in batches[:3]:
+                trainers[label].update([batch])
+        times: dict[str, list[float]] = {label: [] for label in labels}
+        for r in range(args.rounds):
+            batch = batches[r % len(batches)]
+            shift = r % len(labels)
+            for label in labels[shift:] + labels[:shift]:
+                start = time.perf_counter()
+                trainers[label].update([batch])
+                times[label].append(time.perf_counter() - start)
+            print(f"round {r + 1}/{args.rounds}", file=sys.stderr, flush=True)
+    median = {label: 1000 * statistics.median(t) for label, t in times.items()}
+    print(f"{'run':28s} {'ms/step':>8s}  ratio ({args.threads} thread(s), {args.rounds} rounds)")
+    for label in labels:
+        ref = reference[label]
+        print(f"{label:28s} {median[label]:8.0f}  {median[label] / median[ref]:.2f} × {ref}")
+
+
+if __name__ == "__main__":
+    main()
