@@ -127,6 +127,10 @@ def test_analyze_draws_every_figure_and_the_numbers_are_the_recorded_ones(runs, 
         assert row[6] == f"{best['valid_bleu']:.2f} ({best['step']})"
         assert row[7] == f"{scores['test']['bleu']:.2f}"
         assert row[8] == f"{scores['test']['chrf']:.2f}"
+    models = {r[0]: r for r in _markdown_table(summary, "Models (mean ± sd over seeds)")}
+    for run in runs:  # one seed a model: its own numbers, no spread
+        test = json.loads((run / "scores.json").read_text())["test"]
+        assert models[run.name.removesuffix("-s1")][6] == f"{test['bleu']:.2f}"
     # steps to the first run's best dev BLEU: the first run reaches it where it was best
     target = RunMetrics.load(runs[0]).best_valid
     assert result["target_bleu"] == target["valid_bleu"]

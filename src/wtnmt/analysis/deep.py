@@ -71,8 +71,9 @@ def plot_transparent(run: RunMetrics, out_png: str | Path) -> tuple[Path, dict[s
     fig.colorbar(image, ax=ax, fraction=0.046)
     for j in range(layers):
         ax = axes[0][1 + j]
-        for i in range(states):
-            ax.plot(steps, [s[i][j] for s in series], label=f"h_{i}")
+        for i in range(states):  # one colour a state, from h_0 (dark) to h_N (light)
+            colour = plt.cm.viridis(i / max(states - 1, 1))
+            ax.plot(steps, [s[i][j] for s in series], label=f"h_{i}", color=colour)
         ax.set_title(f"s_(·,{j + 1}) over training", fontsize=9)
         ax.set_xlabel("training step", fontsize=8)
         ax.grid(alpha=0.3)

@@ -64,6 +64,13 @@ def equal_steps_table(runs: list[Run]) -> Table | None:
     )
     for run in runs:
         valid = [v for v in run.metrics.valid if v["step"] <= limit and "valid_bleu" in v]
+        best = run.metrics.best_valid
+        top = max(valid, key=lambda v: v["valid_bleu"]) if valid else None
+        if top is not None and best is not None and top["step"] == best["step"]:
+            if run.test("bleu") is not None:  # the run's own weights, scored already
+                row = [run.test(k) for k in ("bleu", "chrf", "bleu_lc")]
+                table.rows.append([run.name, top["step"], top["valid_bleu"], *row])
+                continue
         chosen = None
         for v in sorted(valid, key=lambda v: -v["valid_bleu"]):
             weights = f"checkpoints/step_{v['step']:07d}.safetensors"

@@ -165,7 +165,8 @@ def groups_table(runs: list[Run]) -> Table:
                 continue
             mean, sd = mean_sd(known)
             digits = 0 if mean > 200 else 2
-            cells.append(f"{mean:.{digits}f} ± {sd:.{digits}f}")
+            # one seed has no spread to show
+            cells.append(f"{mean:.{digits}f}" + (f" ± {sd:.{digits}f}" if len(known) > 1 else ""))
         table.rows.append(cells)
     return table
 
