@@ -19,8 +19,10 @@ loop a user writes around `nn.Transformer` (logits at every position, `F.cross_e
 label smoothing, `torch.optim.Adam`). Each figure is real target tokens (EOS included) per
 second of its own steps, and its ratio to the floor's (PEERS.md: fairseq 1.11× the floor).
 
-Memory: each precision of the Weighted Transformer trains ``--memory-steps`` steps in its own
-process, whose peak RSS is its own. The last line reads
+Memory: the Weighted Transformer in each precision and the Transformer train
+``--memory-steps`` steps, each in its own process, started before anything else is built,
+whose peak RSS is reset when it starts training (a forked child otherwise inherits the
+parent's peak). The last line reads
 `train tgt tok/s ×floor: weighted fp32 X  transformer fp32 Y  weighted bf16 Z`.
 """
 
@@ -199,12 +201,32 @@ def peak_memory(flavour: str, precision: str, data: Path, vocab: int, steps: int
 
     torch.set_num_threads(2)
     tune_cpu_allocator()
+    _reset_peak_rss()
     with tempfile.TemporaryDirectory() as run:
         trainer = _trainer(flavour, precision, data, vocab, run, 2)
         batches = _batches(trainer, steps)
         for step in range(steps):
             trainer.update([batches[step % len(batches)]])
-    return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    return {"peak_rss_gib": _peak_rss_kib() / 2**20}
+
+
+def _reset_peak_rss() -> None:
+    """Restart the peak-RSS count from the current RSS (Linux: writing 5 to clear_refs resets
+    VmHWM), so that the parent's memory at fork does not count."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:  # not Linux: ru_maxrss, counted from the start
+        pass
+
+
+def _peak_rss_kib() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def main() -> None:
@@ -224,10 +246,7 @@ def main() -> None:
     if args.memory:
         print(json.dumps(peak_memory(*args.memory, data, vocab, args.memory_steps)))
         return
-    rates = alternate(data, vocab, args.seconds, args.threads, args.warmup)
-    floor = rates["floor fp32"]
-    for name, rate in rates.items():
-        print(f"  {name:18s} {rate:8.0f} tgt tok/s   {rate / floor:.2f}× floor", flush=True)
+    # memory first: a child's peak RSS counts from its fork, so the parent must still be small
     memory = {}
     for flavour, precision in (("weighted", "fp32"), ("weighted", "bf16"), ("transformer", "fp32")):
         out = subprocess.run(
@@ -241,6 +260,10 @@ def main() -> None:
         f"peak RSS over {args.memory_steps} steps, each in its own process: "
         + ", ".join(f"{name} {m['peak_rss_gib']:.2f} GiB" for name, m in memory.items())
     )
+    rates = alternate(data, vocab, args.seconds, args.threads, args.warmup)
+    floor = rates["floor fp32"]
+    for name, rate in rates.items():
+        print(f"  {name:18s} {rate:8.0f} tgt tok/s   {rate / floor:.2f}× floor", flush=True)
     print(
         "train tgt tok/s ×floor: "
         + "  ".join(
