@@ -36,3 +36,19 @@ def test_bad_shapes_are_refused():
         label_smoothed_cross_entropy(
             torch.zeros(2, 3, 4), torch.zeros(2, dtype=torch.long), epsilon=0.1
         )
+
+
+def test_bf16_logits_give_float32_values_and_a_bf16_gradient_close_to_float32():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(9, 50, generator=g) * 2
+    target = torch.randint(0, 50, (9,), generator=g)
+    low = logits.bfloat16().requires_grad_()
+    loss, nll = label_smoothed_cross_entropy(low, target, epsilon=0.1)
+    assert loss.dtype == nll.dtype == torch.float32
+    (grad,) = torch.autograd.grad(loss.sum(), low)
+    assert grad.dtype == torch.bfloat16
+    exact = low.detach().float().requires_grad_()
+    ref = F.cross_entropy(exact, target, reduction="none", label_smoothing=0.1)
+    (ref_grad,) = torch.autograd.grad(ref.sum(), exact)
+    torch.testing.assert_close(loss, ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad.float(), ref_grad, rtol=1e-2, atol=4e-3)

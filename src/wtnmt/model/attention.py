@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from wtnmt.model.dropout import dropout
 from wtnmt.model.outputs import AttentionInternals, AttentionOutput
 from wtnmt.model.packed import PackedLinear
 
@@ -114,7 +115,7 @@ class LayerCache:
             scores = scores.gather(-1, cols)  # [H, B, G, t]
         probs = scores.softmax(dim=-1)
         if dropout_p > 0:
-            probs = F.dropout(probs, p=dropout_p)
+            probs = dropout(probs, dropout_p)
         if width > 1:
             probs = scores.new_zeros(h, b, group, t * width).scatter_(-1, cols, probs)
         return torch.matmul(probs, values).view(h, n, 1, dk)
@@ -142,7 +143,11 @@ def attend(
     """
     # The fused kernel pays a fixed cost per call that decoding's short query blocks (one new
     # token per hypothesis) do not recover: there two matmuls and a softmax measured 2× faster.
+    # With dropout, PyTorch's CPU kernel falls back to these same operations, with a dearer
+    # dropout mask than ours (model/dropout.py): on CPU they run here.
     fused = q.size(-2) > _SHORT_QUERIES or dropout_p > 0
+    if dropout_p > 0 and q.device.type == "cpu":
+        fused = False
     if not need_probs and fused:
         mask = None if key_pad is None else ~key_pad[None, :, None, :]  # [1,B,1,S] True=attend
         if causal and mask is not None:  # pragma: no cover - the model never asks for both
@@ -159,7 +164,7 @@ def attend(
         future = torch.ones(t, s, dtype=torch.bool, device=q.device).triu(s - t + 1)
         scores = scores.masked_fill(future, float("-inf"))
     probs = scores.softmax(dim=-1)
-    dropped = F.dropout(probs, p=dropout_p) if dropout_p > 0 else probs
+    dropped = dropout(probs, dropout_p) if dropout_p > 0 else probs
     return torch.matmul(dropped, v), probs if need_probs else None
 
 

@@ -25,11 +25,11 @@ from dataclasses import replace
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from wtnmt.model.attention import HeadAttention, LayerCache, init_out_projection, merge_heads
 from wtnmt.model.branch_weights import BranchWeights, InitMode, WeightMode
+from wtnmt.model.dropout import dropout
 from wtnmt.model.outputs import AttentionOutput
 from wtnmt.model.packed import PackedLinear
 
@@ -107,7 +107,7 @@ class BranchedAttention(nn.Module):
     def _dropout(self, hid: Tensor) -> Tensor:
         if self.activation_dropout == 0:
             return hid
-        return F.dropout(hid, p=self.activation_dropout, training=self.training)
+        return dropout(hid, self.activation_dropout, self.training)
 
     def forward(
         self,

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from wtnmt.model.attention import LayerCache
+from wtnmt.model.dropout import Dropout, dropout
 from wtnmt.model.outputs import AttentionInternals, AttentionOutput
 from wtnmt.model.packed import PackedLinear
 
@@ -36,10 +36,13 @@ class FeedForward(nn.Module):
         self._fc1, self._fc2 = PackedLinear(), PackedLinear()
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self._fc1(x, self.fc1.weight, self.fc1.bias).relu_()
+        # on [B·T, D] rather than [B, T, D]: F.linear returns a view for 3-d inputs, and the
+        # in-place ReLU on a view would cost two copies of the hidden layer in the backward
+        flat = x.reshape(-1, x.size(-1))
+        h = self._fc1(flat, self.fc1.weight, self.fc1.bias).relu_()
         if self.activation_dropout > 0:
-            h = F.dropout(h, p=self.activation_dropout, training=self.training)
-        return self._fc2(h, self.fc2.weight, self.fc2.bias)
+            h = dropout(h, self.activation_dropout, self.training)
+        return self._fc2(h, self.fc2.weight, self.fc2.bias).view(*x.shape[:-1], -1)
 
 
 class Residual(nn.Module):
@@ -48,7 +51,7 @@ class Residual(nn.Module):
     def __init__(self, *, d_model: int, dropout: float, norm: Literal["post", "pre"]) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.pre = norm == "pre"
 
     def forward(

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from wtnmt.model.attention import LayerCache
+from wtnmt.model.dropout import Dropout
 from wtnmt.model.embedding import Positions, TokenEmbedding
 from wtnmt.model.layers import DecoderLayer, EncoderLayer
 from wtnmt.model.outputs import AttentionInternals, EncoderOutput, ModelInternals, ModelOutput
@@ -71,7 +72,7 @@ class Seq2Seq(nn.Module):
         self.encoder_norm = nn.LayerNorm(d) if pre_norm else None
         self.decoder_norm = nn.LayerNorm(d) if pre_norm else None
         self.transparent = transparent
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.pad_id = embedding.pad_id
 
     # ---------------------------------------------------------------------------------------
