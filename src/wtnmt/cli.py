@@ -108,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int)
+    p.add_argument(
+        "--quantize",
+        default="none",
+        choices=["none", "int8"],
+        help="int8: decode with int8 linear layers (CPU; faster, approximate; default none)",
+    )
     p.set_defaults(func=cmd_translate)
 
     p = commands.add_parser(
@@ -137,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of --branch-weights random")
     p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--quantize",
+        default="none",
+        choices=["none", "int8"],
+        help="int8: decode with int8 linear layers (CPU; faster, approximate; default none)",
+    )
     p.set_defaults(func=cmd_evaluate)
 
     p = commands.add_parser(

@@ -116,6 +116,11 @@ def nbest_lines(index: int, options, n: int) -> list[str]:  # type: ignore[no-un
     return lines + [f"{index} |||  ||| -inf"] * (n - len(lines))
 
 
+def _check_quantize(args: argparse.Namespace) -> None:
+    if args.quantize == "int8" and args.device != "cpu":
+        raise ConfigError(f"--quantize int8 decodes on the CPU only, not --device {args.device}")
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
     from wtnmt.data.io import stream_lines
     from wtnmt.runtime import check_device, tune_cpu_allocator
@@ -125,6 +130,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise ConfigError(f"--{option} {value}: must be at least 1")
     check_device(args.device)
+    _check_quantize(args)
     if args.output:
         _check_output_file(args.output)
 
@@ -135,7 +141,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    translator = Translator.load(args.run_dir, device=args.device)
+    translator = Translator.load(args.run_dir, device=args.device, quantize=args.quantize)
     beam = args.beam or translator.config.decode.beam
     nbest = args.nbest or translator.config.decode.nbest
     if nbest > beam:
@@ -182,8 +188,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from wtnmt.decode.translator import Translator
     from wtnmt.runtime import tune_cpu_allocator
 
+    _check_quantize(args)
     tune_cpu_allocator()
-    translator = Translator.load(args.run_dir, device=args.device)
+    translator = Translator.load(args.run_dir, device=args.device, quantize=args.quantize)
     if args.corpus:
         from wtnmt.data.prepare import raw_split
 

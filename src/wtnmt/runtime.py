@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import sys
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _tuned = False
+_ONEDNN_CACHE = 16  # primitives kept by oneDNN and by ideep (see tune_cpu_allocator)
 
 
 def tune_cpu_allocator() -> bool:
@@ -18,9 +20,23 @@ def tune_cpu_allocator() -> bool:
     mmap, so each step's logits, activations and gradients of that size are page-faulted in
     anew: on a 2-core machine that made a step of the `small` model about 25% slower. This is
     the in-process equivalent of the jemalloc/tcmalloc advice of PyTorch's CPU performance
-    guide. Returns whether it applied (glibc on Linux only); idempotent.
+    guide.
+
+    It also bounds oneDNN's caches, which it must do before oneDNN's first use: oneDNN (bf16
+    matmuls on CPU, the packed linear of decoding) keeps every primitive it creates, and
+    PyTorch's ideep layer a second cache of them, 1,024 of each by default, with buffers
+    that for the output projection run to tens of MiB. Training meets a new matrix shape at
+    nearly every step (batches differ in tokens), so bf16 training grew by about 500 MiB
+    every few steps (3.45 GiB after 40 steps of the `small` model, against 1.55 GiB in
+    float32). A step reuses a shape a few times only: with 16 of each, bf16 training of that
+    model peaked at 1.36 GiB and its steps were 5% faster (fewer pages faulted in). A value
+    already in the environment wins.
+
+    Returns whether the allocator setting applied (glibc on Linux only); idempotent.
     """
     global _tuned
+    for variable in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        os.environ.setdefault(variable, str(_ONEDNN_CACHE))
     if _tuned:
         return True
     if not sys.platform.startswith("linux"):

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -22,7 +23,7 @@ from wtnmt.config import RunConfig
 from wtnmt.data.vocab import Vocabulary
 from wtnmt.decode.attention import LayerAttention, cross_attention
 from wtnmt.decode.search import Hypothesis, beam_search, greedy_search
-from wtnmt.model import BranchWeights, override_branch_weights
+from wtnmt.model import BranchWeights, override_branch_weights, quantize_decoding
 from wtnmt.rundir import load_run
 from wtnmt.special import BOS, EOS, PAD
 
@@ -53,9 +54,17 @@ class Translator:
 
     @classmethod
     def load(
-        cls, run_dir: str | Path, *, device: str = "cpu", weights: str = "model.safetensors"
+        cls,
+        run_dir: str | Path,
+        *,
+        device: str = "cpu",
+        weights: str = "model.safetensors",
+        quantize: Literal["none", "int8"] = "none",
     ) -> Translator:
+        """``quantize="int8"``: decode with int8 linear layers (CPU only; see model/packed.py)."""
         config, vocab, model = load_run(run_dir, weights=weights)
+        if quantize != "none":
+            quantize_decoding(model, quantize)
         return cls(model.to(device), vocab, config, torch.device(device))
 
     def set_branch_weights(self, how: str, *, seed: int = 0) -> None:

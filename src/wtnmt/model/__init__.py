@@ -14,6 +14,7 @@ from wtnmt.model.outputs import (
     ModelInternals,
     ModelOutput,
 )
+from wtnmt.model.packed import quantize_decoding
 from wtnmt.model.simplex import project_branch_weights, project_simplex
 from wtnmt.model.transformer import DecoderCache, Seq2Seq, count_parameters
 
@@ -33,4 +34,5 @@ __all__ = [
     "override_branch_weights",
     "project_branch_weights",
     "project_simplex",
+    "quantize_decoding",
 ]

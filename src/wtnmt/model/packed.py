@@ -12,11 +12,20 @@ counter, loading another tensor changes its address) and dropped as soon as grad
 enabled again (training). With gradients, under autocast (whose casts the packed float32 copy
 would not follow), on another device or dtype, or where the build has no oneDNN, it is a plain
 ``F.linear``.
+
+int8 decoding (``quantize_decoding(model, "int8")``, `wtnmt translate --quantize int8`): the
+same places multiply through FBGEMM's dynamically quantised linear instead: weights int8 per
+output channel (symmetric, scale max|w|/127, packed once), activations quantised per call
+(per tensor, 7-bit range as PyTorch's x86 default, which no int8 instruction set saturates),
+int32 accumulation. Off unless asked for; float32 everywhere else (attention, layer norms,
+the Weighted Transformer's per-branch products).
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -42,13 +51,15 @@ class PackedLinear:
     oneDNN-packed copy of ``weight`` [out, in] (a transposed view of an [in, out] parameter
     will do) made on first use and kept until it changes.
 
-    ``key`` identifies the weight's value when it is computed from parameters rather than
-    one itself (it is then a fresh tensor at each computation): pass what changes with them.
+    ``key`` identifies the weight's (and bias') value when they are computed from parameters
+    rather than parameters themselves (fresh tensors at each computation): pass what changes
+    with them.
     """
 
     def __init__(self) -> None:
         self._key: object = None
-        self._packed: Tensor | None = None
+        self._packed: object = None
+        self.int8 = False  # decode through FBGEMM's int8 linear (quantize_decoding)
 
     def __call__(
         self, x: Tensor, weight: Tensor, bias: Tensor | None = None, *, key: object = None
@@ -61,24 +72,76 @@ class PackedLinear:
             or torch.is_autocast_enabled("cpu")  # bf16 validation: autocast's own matmul
             or x.dtype != torch.float32
             or weight.dtype != torch.float32
-            or not onednn_available()
+            or not (self.int8 or onednn_available())
         ):
             return F.linear(x, weight, bias)
         if key is None:
             key = (weight.data_ptr(), weight._version, weight.shape, weight.stride())
-        if self._packed is None or self._key != key:
-            rows = max(1, x.numel() // x.size(-1))  # a hint for the layout
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
-            self._key = key
+            if bias is not None:  # int8 packs the bias with the weight
+                key = (*key, bias.data_ptr(), bias._version)
+        if self._packed is None or self._key != (self.int8, key):
+            if self.int8:
+                self._packed = pack_int8(weight.detach(), None if bias is None else bias.detach())
+            else:
+                rows = max(1, x.numel() // x.size(-1))  # a hint for the layout
+                self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
+            self._key = (self.int8, key)
         flat = x.reshape(-1, x.size(-1))
-        out = torch.ops.mkldnn._linear_pointwise(flat, self._packed, bias, "none", [], "")
+        if self.int8:
+            out = torch.ops.quantized.linear_dynamic(flat, self._packed, True)
+        else:
+            out = torch.ops.mkldnn._linear_pointwise(flat, self._packed, bias, "none", [], "")
         return out.view(*x.shape[:-1], out.size(-1))
 
     def __deepcopy__(self, memo: dict) -> PackedLinear:
-        return PackedLinear()  # a copy packs its own weight when it first needs it
+        copy = PackedLinear()  # a copy packs its own weight when it first needs it
+        copy.int8 = self.int8
+        return copy
 
     def __getstate__(self) -> dict:
-        return {"_key": None, "_packed": None}
+        return {"_key": None, "_packed": None, "int8": self.int8}
 
 
-__all__ = ["PackedLinear", "onednn_available"]
+def pack_int8(weight: Tensor, bias: Tensor | None) -> object:
+    """weight [out, in] → FBGEMM's packed int8 weight (symmetric, one scale per output row)
+    with its float32 bias."""
+    scale = weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+    zero = torch.zeros(weight.size(0), dtype=torch.long)
+    with warnings.catch_warnings():  # quantised tensors are how FBGEMM takes int8 weights
+        warnings.simplefilter("ignore", UserWarning)
+        qweight = torch.quantize_per_channel(weight.float(), scale.double(), zero, 0, torch.qint8)
+        return torch.ops.quantized.linear_prepack(qweight, bias)
+
+
+@functools.cache
+def int8_available() -> bool:
+    """Whether this build runs FBGEMM's dynamically quantised linear (one tiny trial call)."""
+    try:
+        if "fbgemm" not in torch.backends.quantized.supported_engines:
+            return False
+        packed = pack_int8(torch.eye(4), None)
+        y = torch.ops.quantized.linear_dynamic(torch.ones(1, 4), packed, True)
+        return bool(torch.allclose(y, torch.ones(1, 4), atol=0.05))
+    except (AttributeError, RuntimeError, NotImplementedError):  # pragma: no cover - other builds
+        return False
+
+
+def quantize_decoding(model: torch.nn.Module, mode: Literal["none", "int8"]) -> int:
+    """Decode ``model`` with int8 linear layers (``"int8"``) or float32 ones (``"none"``).
+    Returns the number of linear layers switched. CPU float32 only; training is unaffected
+    (with gradients every layer is a plain F.linear)."""
+    if mode not in ("none", "int8"):
+        raise ValueError(f"quantize: {mode!r} is not one of 'none', 'int8'")
+    if mode == "int8" and not int8_available():
+        raise RuntimeError("int8 decoding needs PyTorch's FBGEMM backend (x86 CPU builds)")
+    switched = 0
+    for module in model.modules():
+        for value in vars(module).values():
+            if isinstance(value, PackedLinear):
+                value.int8 = mode == "int8"
+                value._packed = value._key = None
+                switched += 1
+    return switched
+
+
+__all__ = ["PackedLinear", "int8_available", "onednn_available", "quantize_decoding"]

@@ -1,0 +1,318 @@
+#!/usr/bin/env python3
+"""Decoding speed of wtnmt against CTranslate2 (C++), side by side in one process.
+
+    pip install ctranslate2==4.8.5        # optional: only this benchmark needs it
+    python benchmarks/decode_vs_ctranslate2.py [--rounds 3] [--limit 1000]
+
+CTranslate2 runs a Transformer built through its ``ctranslate2.specs`` API from the weights of
+a ``transformer-small`` wtnmt model (N=3, D=256, F=1024, H=4, post-norm, tied embeddings,
+sinusoidal positions; random seeded weights: with the output length forced, the work does not
+depend on them). Before timing, greedy outputs of the two engines on the same model are
+checked identical token for token. Then, as ../shared/bench/PEERS.md measured the peers: the
+1,000 test sentences of make_synthetic.py sorted by length, batches of 32, output length
+forced to exactly 24 tokens, greedy and beam 5, 2 threads, model loading excluded. Rounds
+alternate every entry and report medians (this machine drifts by ±20% over minutes).
+
+CTranslate2 on 2 cores, timed fairly (PEERS.md): ``ctranslate2`` imported before ``torch``;
+each translator loaded in a short-lived helper thread, one alive at a time. Its wheel carries
+its own OpenMP runtime, and a second pool of its threads (a second translator, or an int8 model
+converted on the main thread, whose threads live as long as the thread) stops its threads
+spin-waiting: small operations then get much slower.
+
+wtnmt's entries: the Weighted Transformer (`weighted-small`, what wtnmt is for) and the
+Transformer above, each in float32 and with ``--quantize int8`` decoding. The last line reads
+`vs CT2: WT fp32/CT2 fp32 beam5 A greedy B  best WT/CT2 int8 beam5 C greedy D`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+try:  # before torch: see the docstring
+    import ctranslate2
+except ImportError:  # pragma: no cover - the optional dependency
+    sys.exit("decode_vs_ctranslate2.py needs CTranslate2: pip install ctranslate2==4.8.5")
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from decode_speed import LENGTH, batches
+from train_speed import ROOT, build_data
+from wtnmt.config import load_config
+from wtnmt.data import ParallelData
+from wtnmt.decode import beam_search, greedy_search
+from wtnmt.model import build_model, quantize_decoding
+from wtnmt.runtime import tune_cpu_allocator
+from wtnmt.special import EOS
+
+SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]  # wtnmt's ids 0-3 (wtnmt.special)
+
+
+# ------------------------------------------------------------------------------------------
+# wtnmt → CTranslate2
+
+
+def _np(t: torch.Tensor):  # type: ignore[no-untyped-def]
+    # a copy: CTranslate2's optimize() rewrites some arrays in place, and .numpy() shares
+    # the model's memory
+    return t.detach().float().numpy().copy()
+
+
+def _linear(spec, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:  # type: ignore[no-untyped-def]
+    spec.weight = _np(weight)  # [out, in]
+    if bias is not None:
+        spec.bias = _np(bias)
+
+
+def _norm(spec, norm: torch.nn.LayerNorm) -> None:  # type: ignore[no-untyped-def]
+    spec.gamma, spec.beta = _np(norm.weight), _np(norm.bias)
+
+
+def _out_projection(attention) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """W^O as an [out, in] matrix: heads are concatenated, then multiplied by [H·Dk, D]."""
+    h, dk, d = attention.w_out.shape
+    return attention.w_out.reshape(h * dk, d).t()
+
+
+def ctranslate2_spec(model, tokens: list[str]):  # type: ignore[no-untyped-def]
+    """A ctranslate2 TransformerSpec computing what the wtnmt Transformer ``model`` computes."""
+    from ctranslate2.specs import transformer_spec
+
+    enc, dec = model.encoder_layers, model.decoder_layers
+    heads = enc[0].self_attn.attn.heads
+    spec = transformer_spec.TransformerSpec.from_config((len(enc), len(dec)), heads, pre_norm=False)
+    d = model.embedding.weight.size(1)
+    table = model.positions.table  # sinusoidal, interleaved sin/cos (not fairseq's halves)
+    for side in (spec.encoder, spec.decoder):
+        embeddings = side.embeddings[0] if isinstance(side.embeddings, list) else side.embeddings
+        embeddings.weight = _np(model.embedding.weight)
+        side.scale_embeddings = True  # √D
+        side.position_encodings.encodings = _np(table)
+    _linear(spec.decoder.projection, model.embedding.weight)  # tied
+    for layer_spec, layer in zip(spec.encoder.layer, enc, strict=True):
+        _linear(layer_spec.self_attention.linear[0], layer.self_attn.attn.proj.weight)  # q;k;v
+        _linear(layer_spec.self_attention.linear[1], _out_projection(layer.self_attn))
+        _norm(layer_spec.self_attention.layer_norm, layer.self_attn_res.norm)
+        _linear(layer_spec.ffn.linear_0, layer.ffn.fc1.weight, layer.ffn.fc1.bias)
+        _linear(layer_spec.ffn.linear_1, layer.ffn.fc2.weight, layer.ffn.fc2.bias)
+        _norm(layer_spec.ffn.layer_norm, layer.ffn_res.norm)
+    for layer_spec, layer in zip(spec.decoder.layer, dec, strict=True):
+        _linear(layer_spec.self_attention.linear[0], layer.self_attn.attn.proj.weight)
+        _linear(layer_spec.self_attention.linear[1], _out_projection(layer.self_attn))
+        _norm(layer_spec.self_attention.layer_norm, layer.self_attn_res.norm)
+        cross = layer.cross_attn.attn.proj.weight  # [3D, D]: q; k; v
+        _linear(layer_spec.attention.linear[0], cross[:d])
+        _linear(layer_spec.attention.linear[1], cross[d:])  # k; v fused, CTranslate2's order
+        _linear(layer_spec.attention.linear[2], _out_projection(layer.cross_attn))
+        _norm(layer_spec.attention.layer_norm, layer.cross_attn_res.norm)
+        _linear(layer_spec.ffn.linear_0, layer.ffn.fc1.weight, layer.ffn.fc1.bias)
+        _linear(layer_spec.ffn.linear_1, layer.ffn.fc2.weight, layer.ffn.fc2.bias)
+        _norm(layer_spec.ffn.layer_norm, layer.ffn_res.norm)
+    spec.config.layer_norm_epsilon = enc[0].self_attn_res.norm.eps
+    spec.config.decoder_start_token = "<s>"
+    spec.register_source_vocabulary(tokens)
+    spec.register_target_vocabulary(tokens)
+    return spec
+
+
+def convert(model, tokens: list[str], out: Path, quantization: str) -> Path:  # type: ignore[no-untyped-def]
+    """Save the model for CTranslate2 (in a helper thread: see the module docstring)."""
+
+    def work() -> None:
+        spec = ctranslate2_spec(model, tokens)
+        spec.validate()
+        spec.optimize(quantization=quantization)
+        out.mkdir(parents=True, exist_ok=True)
+        spec.save(str(out))
+
+    _in_helper_thread(work)
+    return out
+
+
+def _in_helper_thread(work) -> object:  # type: ignore[no-untyped-def]
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = work()
+        except BaseException as error:  # re-raised in the caller
+            box["error"] = error
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box.get("value")
+
+
+def load_translator(path: Path, threads: int):  # type: ignore[no-untyped-def]
+    return _in_helper_thread(
+        lambda: ctranslate2.Translator(
+            str(path), device="cpu", inter_threads=1, intra_threads=threads
+        )
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# the two engines on the same batches
+
+
+def run_wtnmt(model, inputs: list[torch.Tensor], beam: int) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+    start, n = time.perf_counter(), 0
+    for src in inputs:
+        if beam == 1:
+            hyps = greedy_search(model, src, min_len=LENGTH, max_len=LENGTH)
+            n += sum(len(h.tokens) for h in hyps)
+        else:
+            found = beam_search(model, src, beam=beam, min_len=LENGTH, max_len=LENGTH)
+            n += sum(len(h[0].tokens) for h in found)
+    return time.perf_counter() - start, n
+
+
+def as_tokens(inputs: list[torch.Tensor], tokens: list[str]) -> list[list[list[str]]]:
+    """The same batches as piece strings, each source ending with EOS as wtnmt's do."""
+    out = []
+    for src in inputs:
+        rows = []
+        for row in src.tolist():
+            ids = row[: row.index(EOS) + 1]
+            rows.append([tokens[i] for i in ids])
+        out.append(rows)
+    return out
+
+
+def run_ct2(translator, inputs: list[list[list[str]]], beam: int) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+    start, n = time.perf_counter(), 0
+    for rows in inputs:
+        results = translator.translate_batch(
+            rows,
+            beam_size=beam,
+            min_decoding_length=LENGTH,
+            max_decoding_length=LENGTH,
+            max_batch_size=len(rows),
+        )
+        n += sum(len(r.hypotheses[0]) for r in results)
+    return time.perf_counter() - start, n
+
+
+def check_greedy_agrees(model, translator, inputs, tokens, limit: int) -> int:  # type: ignore[no-untyped-def]
+    """Greedy outputs, unforced (up to 24 tokens), of both engines: identical or an error."""
+    checked = 0
+    for src, rows in zip(inputs, as_tokens(inputs, tokens), strict=True):
+        ours = greedy_search(model, src, max_len=LENGTH)
+        theirs = translator.translate_batch(rows, beam_size=1, max_decoding_length=LENGTH + 1)
+        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            mine = [tokens[t] for t in a.tokens]
+            other = [t for t in b.hypotheses[0] if t != "</s>"]
+            if mine != other[: len(mine)] or len(other) > len(mine) + 1:
+                raise SystemExit(
+                    f"greedy outputs differ on sentence {checked + i}:\n  wtnmt {mine}\n"
+                    f"  ct2   {other}"
+                )
+        checked += len(rows)
+        if checked >= limit:
+            break
+    return checked
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
+    parser.add_argument("--work", type=Path, default=ROOT / "bench-data")
+    parser.add_argument("--limit", type=int, default=1000, help="test sentences to decode")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (median)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--check", type=int, default=256, help="sentences checked first")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    tune_cpu_allocator()
+    vocab_size = build_data(args.bench_dir, args.work)
+    raw = (args.work / "raw" / "vocab.txt").read_text().splitlines()
+    tokens = SPECIALS + [line.split("\t")[0] for line in raw]
+    assert len(tokens) == vocab_size and not set(SPECIALS) & set(tokens[4:])
+    data = ParallelData(args.work / "prepared", "test")
+    inputs = batches(data, args.limit, 32)
+    expected = LENGTH * min(args.limit, len(data))
+
+    models = {}
+    for flavour in ("weighted", "transformer"):
+        torch.manual_seed(0)
+        model = build_model(load_config(f"{flavour}-small").model, vocab_size=vocab_size)
+        models[flavour] = model.eval()
+    quantized = {}
+    for flavour, model in models.items():
+        torch.manual_seed(0)
+        q = build_model(load_config(f"{flavour}-small").model, vocab_size=vocab_size).eval()
+        q.load_state_dict(model.state_dict())
+        quantize_decoding(q, "int8")
+        quantized[flavour] = q
+
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {
+            q: convert(models["transformer"], tokens, Path(tmp) / q, q) for q in ("float32", "int8")
+        }
+        translator = load_translator(paths["float32"], args.threads)
+        n = check_greedy_agrees(models["transformer"], translator, inputs, tokens, args.check)
+        print(f"greedy outputs identical on {n} sentences (wtnmt Transformer vs CTranslate2)")
+        del translator
+        gc.collect()
+        ct2_inputs = as_tokens(inputs, tokens)
+        entries = [
+            *(f"wtnmt {f} {p}" for f in ("weighted", "transformer") for p in ("fp32", "int8")),
+            "ct2 float32",
+            "ct2 int8",
+        ]
+        rates: dict[tuple[str, int], list[float]] = {}
+        for r in range(args.rounds):
+            for entry in entries:
+                translator = None
+                if entry.startswith("ct2"):
+                    translator = load_translator(paths[entry.split()[1]], args.threads)
+                    run_ct2(translator, ct2_inputs[:1], 5)  # warm-up
+                else:
+                    _, flavour, precision = entry.split()
+                    model = (models if precision == "fp32" else quantized)[flavour]
+                    run_wtnmt(model, inputs[:1], 5)
+                for beam in (1, 5):
+                    if translator is not None:
+                        seconds, n = run_ct2(translator, ct2_inputs, beam)
+                    else:
+                        seconds, n = run_wtnmt(model, inputs, beam)
+                    assert n == expected, (entry, beam, n)
+                    rates.setdefault((entry, beam), []).append(n / seconds)
+                    print(f"round {r + 1} {entry:24s} beam {beam}: {n / seconds:7.0f} out tok/s",
+                          flush=True)  # fmt: skip
+                del translator
+                gc.collect()
+    med = {key: statistics.median(values) for key, values in rates.items()}
+    print(f"\nmedians of {args.rounds} rounds, output tokens/s ({args.threads} threads):")
+    print(f"  {'entry':24s} {'greedy':>8s} {'beam 5':>8s}   ×CT2 f32 (g/b5)  ×CT2 int8 (g/b5)")
+    for entry in entries:
+        g, b = med[(entry, 1)], med[(entry, 5)]
+        f32 = (g / med[("ct2 float32", 1)], b / med[("ct2 float32", 5)])
+        i8 = (g / med[("ct2 int8", 1)], b / med[("ct2 int8", 5)])
+        print(f"  {entry:24s} {g:8.0f} {b:8.0f}   {f32[0]:5.2f} {f32[1]:5.2f}       "
+              f"{i8[0]:5.2f} {i8[1]:5.2f}")  # fmt: skip
+    best = {
+        beam: max(med[(f"wtnmt weighted {p}", beam)] for p in ("fp32", "int8")) for beam in (1, 5)
+    }
+    print(
+        "vs CT2: WT fp32/CT2 fp32 "
+        f"beam5 {med[('wtnmt weighted fp32', 5)] / med[('ct2 float32', 5)]:.2f} "
+        f"greedy {med[('wtnmt weighted fp32', 1)] / med[('ct2 float32', 1)]:.2f}  "
+        f"best WT/CT2 int8 beam5 {best[5] / med[('ct2 int8', 5)]:.2f} "
+        f"greedy {best[1] / med[('ct2 int8', 1)]:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

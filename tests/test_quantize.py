@@ -1,0 +1,109 @@
+"""int8 decoding (`translate --quantize int8`): off by default, close to float32 per layer,
+and the same translations on most tokens of a trained model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import sentence, tiny_run_config, write_pairs
+from wtnmt import Translator
+from wtnmt.cli import main as cli
+from wtnmt.model.packed import PackedLinear, int8_available, quantize_decoding
+from wtnmt.train import Trainer
+
+pytestmark = pytest.mark.skipif(not int8_available(), reason="this PyTorch build has no FBGEMM")
+
+
+def test_an_int8_linear_is_within_two_percent_of_float32_and_follows_weight_changes():
+    g = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(300, 64, generator=g) * 0.1, torch.randn(300, generator=g)
+    x = torch.randn(7, 5, 64, generator=g)
+    linear = PackedLinear()
+    linear.int8 = True
+    with torch.no_grad():
+        out = linear(x, weight, bias)
+        exact = F.linear(x, weight, bias)
+        assert out.shape == exact.shape
+        assert ((out - exact).norm() / exact.norm()).item() < 0.02
+        weight.mul_(2)  # an in-place update: the packed int8 copy must be made again
+        exact = F.linear(x, weight, bias)
+        assert ((linear(x, weight, bias) - exact).norm() / exact.norm()).item() < 0.02
+    with torch.enable_grad():  # training never goes through int8
+        assert torch.equal(linear(x, weight, bias), F.linear(x, weight, bias))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, list[str]]:
+    """A tiny Weighted Transformer trained until it translates its 40 training pairs."""
+    tmp = tmp_path_factory.mktemp("quantize")
+    sources = [sentence(i, 3 + i % 4) for i in range(40)]
+    config = tiny_run_config(
+        tmp,
+        n_train=40,
+        model={"d_model": 64, "d_ff": 256, "heads": 4},
+        train={
+            "max_steps": 200,
+            "warmup": 40,
+            "branch_warmup": 10,
+            "label_smoothing": 0.0,
+            "max_tokens": 2000,
+            "valid_every": 1000,
+            "save_every": 1000,
+            "log_every": 100,
+            "lr_scale": 0.5,
+        },
+    )
+    write_pairs(tmp, "train", sources)
+    Trainer(config, tmp / "run", log_to_stderr=False).run()
+    return tmp / "run", sources
+
+
+def _int8_layers(translator: Translator) -> list[bool]:
+    return [
+        value.int8
+        for module in translator.model.modules()
+        for value in vars(module).values()
+        if isinstance(value, PackedLinear)
+    ]
+
+
+def test_int8_is_off_by_default_and_agrees_with_float32_on_most_tokens(trained):
+    run, sources = trained
+    exact = Translator.load(run)
+    assert not any(_int8_layers(exact))  # off unless asked for
+    quantized = Translator.load(run, quantize="int8")
+    layers = _int8_layers(quantized)
+    assert layers and all(layers)
+    unseen = [sentence(100 + i, 4) for i in range(20)]
+    agree = total = 0
+    for beam in (1, 4):
+        a = [n[0] for n in exact.translate_nbest(sources + unseen, beam=beam)]
+        b = [n[0] for n in quantized.translate_nbest(sources + unseen, beam=beam)]
+        for x, y in zip(a, b, strict=True):
+            agree += sum(p == q for p, q in zip(x.ids, y.ids, strict=False))
+            total += max(len(x.ids), len(y.ids))
+    assert total > 500
+    assert agree / total >= 0.9, f"int8 agrees with float32 on {agree}/{total} tokens"
+    quantize_decoding(quantized.model, "none")  # and back: float32 exactly
+    assert quantized.translate(sources, beam=4) == exact.translate(sources, beam=4)
+
+
+def test_translate_quantize_int8_from_the_command_line(trained, tmp_path, capsys):
+    run, sources = trained
+    (tmp_path / "in.txt").write_text("".join(s + "\n" for s in sources[:5]))
+    out = tmp_path / "out.txt"
+    args = ["translate", str(run), "-i", str(tmp_path / "in.txt"), "-o", str(out)]
+    assert cli([*args, "--quantize", "int8"]) == 0
+    expected = Translator.load(run, quantize="int8").translate(sources[:5], beam=4)
+    assert out.read_text().split("\n")[:-1] == expected
+    if not torch.cuda.is_available():
+        assert cli([*args, "--quantize", "int8", "--device", "cuda"]) == 2
+        err = capsys.readouterr().err
+        assert "--device cuda" in err and err.count("\n") == 1
+    with pytest.raises(SystemExit) as exit_:  # argparse: one of none, int8
+        cli([*args[:2], "--quantize", "int4"])
+    assert exit_.value.code == 2 and "invalid choice: 'int4'" in capsys.readouterr().err
