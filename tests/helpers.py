@@ -53,6 +53,8 @@ def tiny_run_config(tmp: Path, *, n_train: int = 200, **sections):  # type: igno
     values["train"].update(
         max_steps=6, log_every=2, valid_every=3, max_tokens=300, freeze_branch_weights=0, threads=1
     )
+    # float32 unless a test asks: "auto" would pick bf16 on some CPUs and not on others
+    values["train"].update(precision="fp32")
     for section, changes in sections.items():
         values[section].update(changes)
     return config_from_dict(values)

@@ -3,6 +3,7 @@ and the same translations on most tokens of a trained model."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,19 @@ def test_translate_quantize_int8_from_the_command_line(trained, tmp_path, capsys
     with pytest.raises(SystemExit) as exit_:  # argparse: one of none, int8
         cli([*args[:2], "--quantize", "int4"])
     assert exit_.value.code == 2 and "invalid choice: 'int4'" in capsys.readouterr().err
+
+
+def test_evaluate_quantize_int8_says_so_and_keeps_the_float32_files(trained, tmp_path):
+    run, sources = trained
+    (tmp_path / "src.txt").write_text("".join(s + "\n" for s in sources[:8]))
+    refs = Translator.load(run).translate(sources[:8], beam=4)
+    (tmp_path / "ref.txt").write_text("".join(r + "\n" for r in refs))
+    args = ["evaluate", str(run), "--src", str(tmp_path / "src.txt"), "--ref"]
+    assert cli([*args, str(tmp_path / "ref.txt")]) == 0
+    exact = (run / "eval" / "src.hyp").read_text()
+    assert cli([*args, str(tmp_path / "ref.txt"), "--quantize", "int8"]) == 0
+    assert (run / "eval" / "src.hyp").read_text() == exact  # not overwritten
+    assert (run / "eval" / "src.int8.hyp").is_file()
+    scores = json.loads((run / "scores.json").read_text())
+    assert scores["quantize"] == "int8"  # the latest evaluation says how it decoded
+    assert json.loads((run / "eval" / "src.scores.json").read_text())["quantize"] == "none"

@@ -544,3 +544,23 @@ def test_a_shared_schedule_gives_kappa_alpha_the_learning_rate_of_the_rest(tmp_p
 
     logged = [e for e in read_metrics(tmp_path / "run" / "metrics.jsonl") if "lr" in e]
     assert logged and all(e["lr_branch"] == e["lr"] for e in logged)
+
+
+def test_precision_auto_is_bf16_where_the_hardware_has_it_and_the_log_says_which(
+    tmp_path, monkeypatch
+):
+    from wtnmt import runtime
+
+    cpu = torch.device("cpu")
+    for native, expected in ((True, "bf16"), (False, "fp32")):
+        monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda native=native: native)
+        assert runtime.resolve_precision("auto", cpu) == expected
+        assert runtime.resolve_precision("fp32", cpu) == "fp32"  # a stated precision stands
+        assert runtime.resolve_precision("bf16", cpu) == "bf16"
+    monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: True)
+    config = tiny_run_config(tmp_path, train={"precision": "auto", "max_steps": 2})
+    trainer = Trainer(config, tmp_path / "run", **QUIET)
+    assert trainer.precision == "bf16"
+    trainer.run()
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "in bf16 autocast (train.precision=auto)" in log

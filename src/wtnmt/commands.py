@@ -212,11 +212,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.branch_weights != "learned":
         translator.set_branch_weights(args.branch_weights, seed=args.seed)
         name += f".{args.branch_weights}"
+    if args.quantize != "none":  # its own files: never the float32 evaluation's
+        name += f".{args.quantize}"
     beam = args.beam or translator.config.decode.beam
     print(f"translating {len(src):,} sentences with beam {beam}", file=sys.stderr)
     hyps = translator.translate(src, beam=args.beam)
     scores = score_corpus(hyps, refs)
     scores["branch_weights"] = args.branch_weights
+    scores["quantize"] = args.quantize
     out = Path(args.run_dir) / "eval"
     out.mkdir(exist_ok=True)
     (out / f"{name}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")

@@ -4,6 +4,11 @@ Prepares tatoeba-deu-eng English→German (30,000 training pairs of short senten
 split by unique English sentence), trains the `weighted-small` Weighted Transformer for a
 wall-clock budget, evaluates the test split with beam search and sacreBLEU, and shows what the
 branches learned.
+
+The weights it evaluates are chosen on the dev split, never the test split: the checkpoint
+with the best validation loss, or the average of the last ``AVERAGE`` checkpoints (saved every
+``SAVE_EVERY`` updates; fairseq's average_checkpoints, `wtnmt average`), whichever translates
+the dev split with the higher BLEU.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import resource
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +30,15 @@ from wtnmt.data.corpora import CORPORA
 from wtnmt.data.io import decode_lines, read_bytes
 from wtnmt.decode.evaluate import score_corpus
 from wtnmt.decode.translator import Translator
+from wtnmt.errors import CheckpointError
 from wtnmt.model import branch_weight_table
+from wtnmt.rundir.average import average_run
 from wtnmt.runtime import tune_cpu_allocator
 from wtnmt.train import Trainer
 
 PRESET = "weighted-small"
+AVERAGE = 5  # checkpoints averaged
+SAVE_EVERY = 50  # updates between checkpoints: the average spans the last 250
 ATTRIBUTION = CORPORA["tatoeba-deu-eng"].attribution
 
 
@@ -50,6 +60,8 @@ def run_demo(
             f"train.max_time={minutes * 60:g}",
             "train.max_steps=null",
             f"train.threads={threads}",
+            f"train.save_every={SAVE_EVERY}",
+            f"train.keep_checkpoints={AVERAGE}",
             *overrides,
         ],
     )
@@ -69,14 +81,14 @@ def run_demo(
         )
         raise
     trained = time.perf_counter() - start
-    # evaluate the best weights by validation loss, as `wtnmt translate` will use them
-    translator = Translator.load(out)
     data_dir = trainer.data_dir
+    beam = config.decode.beam
+    chosen, dev = _choose_weights(out, data_dir, beam, say)
+    translator = Translator.load(chosen)
     # lines end at "\n" only: str.splitlines would also split inside a sentence (U+2028 …)
     src = decode_lines(read_bytes(data_dir / "test.en"), "test.en")
     refs = decode_lines(read_bytes(data_dir / "test.de"), "test.de")
-    beam = config.decode.beam
-    say(f"\ntranslating the {len(src):,} test sentences with beam {beam} …")
+    say(f"\ntranslating the {len(src):,} test sentences with beam {beam} ({chosen}) …")
     hyps = translator.translate(src, beam=beam)
     (out / "test.hyp.de").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     scores = score_corpus(hyps, refs)
@@ -98,6 +110,8 @@ def run_demo(
         "epochs": state.epoch,
         "n_test": len(src),
         "peak_rss_gib": round(peak, 2),
+        "weights": str(chosen),
+        "dev_bleu": dev,
         "branch_weights": table,
         "preset": PRESET,
         "attribution": ATTRIBUTION,
@@ -121,8 +135,38 @@ def run_demo(
         f"peak memory {peak:.2f} GiB"
     )
     say(f"results: {out / 'results.json'}")
-    say(f"translate with:\n  echo 'How are you?' | {_command()} translate {out}")
+    say(f"translate with:\n  echo 'How are you?' | {_command()} translate {chosen}")
     return results
+
+
+def _choose_weights(
+    out: Path, data_dir: Path, beam: int, say: Callable[[str], None]
+) -> tuple[Path, dict[str, float]]:
+    """The run's best checkpoint (by validation loss) or the average of its last checkpoints
+    (written to ``out/averaged``, a run directory of its own), by BLEU on the dev split."""
+    src = decode_lines(read_bytes(data_dir / "valid.en"), "valid.en")
+    refs = decode_lines(read_bytes(data_dir / "valid.de"), "valid.de")
+    candidates = {"best": out}
+    averaged = out / "averaged"
+    if (averaged / "averaged.json").is_file():  # made by an earlier demo of this run: redo
+        shutil.rmtree(averaged)
+    try:
+        average_run(out, averaged, last=AVERAGE)  # refuses a folder there that is not ours
+        candidates["averaged"] = averaged
+    except CheckpointError as error:  # too short a run to have AVERAGE checkpoints
+        say(f"\nno average of the last {AVERAGE} checkpoints: {error}")
+    dev = {}
+    for name, path in candidates.items():
+        hyps = Translator.load(path).translate(src, beam=beam)
+        dev[name] = score_corpus(hyps, refs)["bleu"]
+    best = max(dev, key=lambda name: dev[name])
+    say(
+        "\ndev BLEU: "
+        + ", ".join(f"{name} {bleu:.1f}" for name, bleu in dev.items())
+        + f" (best checkpoint by validation loss; average of the last {AVERAGE} checkpoints, "
+        f"{SAVE_EVERY} updates apart): the test split is translated with the {best}"
+    )
+    return candidates[best], dev
 
 
 def _command() -> str:

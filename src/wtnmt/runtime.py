@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import sys
+from pathlib import Path
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -62,3 +64,30 @@ def check_device(device: str) -> None:
         raise ConfigError(f"--device {device!r}: not a device (cpu, cuda, cuda:1, ...)") from None
     if kind == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"--device {device}: this machine has no CUDA device; use --device cpu")
+
+
+@functools.cache
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (x86 AVX512-BF16 or AMX-BF16, Arm BF16):
+    read from /proc/cpuinfo's flags; False where there is none (not Linux)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            flags.update(line.partition(":")[2].split())
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def resolve_precision(precision: str, device) -> str:  # type: ignore[no-untyped-def]
+    """train.precision for ``device`` (a torch.device): ``auto`` becomes bf16 where the
+    hardware has it natively, else fp32; the others stay as they are."""
+    if precision != "auto":
+        return precision
+    if device.type == "cuda":
+        import torch
+
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16" if device.type == "cpu" and cpu_has_native_bf16() else "fp32"

@@ -192,7 +192,9 @@ class TrainConfig:
     adam_eps: float = 1e-9
     label_smoothing: float = 0.1
     clip_norm: float | None = None
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    # auto: bf16 autocast where the hardware computes in bf16 natively (CPUs with AVX512-BF16,
+    # AMX or Arm BF16; GPUs that support it), float32 elsewhere
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     max_steps: int | None = 100_000
     max_epochs: int | None = None
     max_time: float | None = None  # seconds of wall clock

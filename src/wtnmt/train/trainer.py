@@ -33,6 +33,7 @@ from wtnmt.rundir import (
     RunDirectory,
     save_weights,
 )
+from wtnmt.runtime import resolve_precision
 from wtnmt.train.report import RunReport
 from wtnmt.train.resume import resume_training, save_training
 from wtnmt.train.schedule import branch_weights_frozen, learning_rates, step_budget, stop_reason
@@ -61,6 +62,7 @@ class Trainer:
         self.is_main = self.rank == 0
         self.log_to_stderr = log_to_stderr
         self.device = resolve_device(self.tc.device)
+        self.precision = resolve_precision(self.tc.precision, self.device)  # auto → bf16/fp32
         if self.tc.precision == "fp16" and self.device.type != "cuda":
             raise TrainingError(
                 f"train.precision='fp16' needs a CUDA device and training runs on "
@@ -97,7 +99,7 @@ class Trainer:
         self.ddp: nn.Module = self.model
         if self.world > 1:
             self.ddp = nn.parallel.DistributedDataParallel(self.model)
-        self.scaler = torch.amp.GradScaler(enabled=self.tc.precision == "fp16")
+        self.scaler = torch.amp.GradScaler(enabled=self.precision == "fp16")
         self.state = TrainState()
         torch.manual_seed(self.tc.seed + self.rank)  # dropout differs across ranks
         if resume:
@@ -146,10 +148,15 @@ class Trainer:
     # ---------------------------------------------------------------------------------------
     # One update
 
+    def _precision_label(self) -> str:
+        label = {"fp32": "float32", "bf16": "bf16 autocast", "fp16": "fp16 autocast"}
+        chosen = label[self.precision]
+        return f"{chosen} (train.precision=auto)" if self.tc.precision == "auto" else chosen
+
     def _autocast(self):  # type: ignore[no-untyped-def]
-        if self.tc.precision == "fp32":
+        if self.precision == "fp32":
             return nullcontext()
-        dtype = torch.bfloat16 if self.tc.precision == "bf16" else torch.float16
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
         return torch.autocast(self.device.type, dtype=dtype)
 
     def _set_lr(self, frozen: bool) -> tuple[float, float]:
@@ -287,8 +294,8 @@ class Trainer:
                 progress = tqdm(total=tc.max_steps, initial=s.step, unit="step", dynamic_ncols=True)
         self.log(
             f"training {sum(p.numel() for p in self.model.parameters()):,} parameters "
-            f"on {self.device} ({self.world} process{'es' if self.world > 1 else ''}), "
-            f"{len(self.train_data):,} training pairs"
+            f"on {self.device} ({self.world} process{'es' if self.world > 1 else ''}) in "
+            f"{self._precision_label()}, {len(self.train_data):,} training pairs"
         )
         window, lr, lr_b = Window(), 0.0, 0.0
         budget = self._step_budget()
