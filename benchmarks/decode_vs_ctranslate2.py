@@ -54,6 +54,8 @@ from wtnmt.runtime import tune_cpu_allocator
 from wtnmt.special import EOS
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]  # wtnmt's ids 0-3 (wtnmt.special)
+# wtnmt's search never outputs padding or BOS: CTranslate2 is told the same
+NEVER = [["<pad>"], ["<s>"]]
 
 
 # ------------------------------------------------------------------------------------------
@@ -199,6 +201,7 @@ def run_ct2(translator, inputs: list[list[list[str]]], beam: int) -> tuple[float
             min_decoding_length=LENGTH,
             max_decoding_length=LENGTH,
             max_batch_size=len(rows),
+            suppress_sequences=NEVER,
         )
         n += sum(len(r.hypotheses[0]) for r in results)
     return time.perf_counter() - start, n
@@ -209,7 +212,9 @@ def check_greedy_agrees(model, translator, inputs, tokens, limit: int) -> int:  
     checked = 0
     for src, rows in zip(inputs, as_tokens(inputs, tokens), strict=True):
         ours = greedy_search(model, src, max_len=LENGTH)
-        theirs = translator.translate_batch(rows, beam_size=1, max_decoding_length=LENGTH + 1)
+        theirs = translator.translate_batch(
+            rows, beam_size=1, max_decoding_length=LENGTH + 1, suppress_sequences=NEVER
+        )
         for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
             mine = [tokens[t] for t in a.tokens]
             other = [t for t in b.hypotheses[0] if t != "</s>"]

@@ -37,14 +37,34 @@ class LayerCache:
     always slot 0). Mutable on purpose: each step appends.
     """
 
-    cross_k: Tensor  # [H, B, S, Dk]   one per *sentence*, shared by its hypotheses
+    cross_k: Tensor  # [H, B, S, Dk]   one per *sentence*, shared by its hypotheses, ×1/√Dk
     cross_v: Tensor  # [H, B, S, Dk]
     path: Tensor  # [B·G, t] long   the slot of each step a hypothesis' prefix went through
-    self_k: Tensor | None = None  # [H, B, capacity, W, Dk]   steps × slots
+    self_k: Tensor | None = None  # [H, B, capacity, W, Dk]   steps × slots, ×1/√Dk
     self_v: Tensor | None = None  # the same, zeros in the slots no hypothesis took
     steps: int = 0  # steps written
     capacity: int = 16  # steps to make room for at first (grown when needed)
     width: int = 1  # slots per step (hypotheses per sentence) to make room for at first
+
+    cross_bias: Tensor | None = None  # [H·B, 1, S]: 0, or −inf at source padding
+
+    def attend_cross(self, q: Tensor) -> Tensor:
+        """softmax(QKᵀ/√Dk + padding)·V over the source, for queries q [H, B·G, T, Dk] of G
+        hypotheses per sentence (one copy of the keys per sentence). → heads [H, B·G, T, Dk].
+
+        The keys were scaled by 1/√Dk once and the padding mask made an additive bias once,
+        so that scoring is one batched multiply-add per step."""
+        h, n, t, dk = q.shape
+        b, s = self.cross_k.size(1), self.cross_k.size(2)
+        group = n // b
+        q3 = q.reshape(h * b, group * t, dk)
+        k3 = self.cross_k.view(h * b, s, dk).transpose(1, 2)
+        if self.cross_bias is None:
+            scores = torch.bmm(q3, k3)
+        else:
+            scores = torch.baddbmm(self.cross_bias, q3, k3)
+        heads = torch.bmm(scores.softmax(dim=-1), self.cross_v.view(h * b, s, dk))
+        return heads.view(h, n, t, dk)
 
     def reorder(self, path: Tensor, sentences: Tensor | None = None) -> LayerCache:
         """The cache for reordered hypotheses (``path`` already reordered) and, when some
@@ -57,14 +77,25 @@ class LayerCache:
         def pick(t: Tensor | None) -> Tensor | None:
             return None if t is None else t.index_select(1, sentences)
 
+        bias = self.cross_bias
+        if bias is not None:
+            h, s = self.cross_k.size(0), bias.size(-1)
+            bias = bias.view(h, -1, 1, s).index_select(1, sentences).view(-1, 1, s)
         return replace(
             self,
             cross_k=pick(self.cross_k),
             cross_v=pick(self.cross_v),
+            cross_bias=bias,
             path=path,
             self_k=pick(self.self_k),
             self_v=pick(self.self_v),
         )
+
+    def reads_path(self, group: int) -> bool:
+        """Whether a step of ``group`` hypotheses per sentence reads ``path``: only where
+        the buffers hold more than one slot a step."""
+        held = 0 if self.self_k is None else self.self_k.size(3)
+        return max(self.width, group, held) > 1
 
     def _room(self, k: Tensor, group: int) -> None:
         """Make the buffers hold one more step of ``group`` slots (grown by doubling).
@@ -99,7 +130,11 @@ class LayerCache:
         self._room(k, group)
         assert self.self_k is not None and self.self_v is not None
         t = self.steps
-        self.self_k[:, :, t, :group] = k.view(h, b, group, dk)
+        # keys are kept ×1/√Dk (written once) rather than every step's scores divided
+        if k.requires_grad:  # (out= takes no part in autograd)
+            self.self_k[:, :, t, :group] = k.view(h, b, group, dk) * dk**-0.5
+        else:
+            torch.mul(k.view(h, b, group, dk), dk**-0.5, out=self.self_k[:, :, t, :group])
         self.self_v[:, :, t, :group] = v.view(h, b, group, dk)
         if group < self.self_v.size(3):
             self.self_v[:, :, t, group:] = 0
@@ -107,7 +142,7 @@ class LayerCache:
         width = self.self_k.size(3)
         keys = self.self_k[:, :, :t].reshape(h, b, t * width, dk)  # views, no copy
         values = self.self_v[:, :, :t].reshape(h, b, t * width, dk)
-        queries = q.reshape(h, b, group, dk) / math.sqrt(dk)
+        queries = q.reshape(h, b, group, dk)
         scores = torch.matmul(queries, keys.transpose(-1, -2))  # [H, B, G, t·W]
         if width > 1:  # each hypothesis' own prefix: one slot per step
             steps = torch.arange(t, device=q.device) * width
@@ -235,7 +270,7 @@ class HeadAttention(nn.Module):
         attend to its one copy of the keys as G query positions: no copy per hypothesis.
         Returns heads [H, B, T, Dk] and, when asked, the internals.
         """
-        causal, group = self.causal, 1
+        causal = self.causal
         p = self.dropout if self.training else 0.0
         if memory is None and not (self.cross and cache is not None):
             q, k, v = self.proj.self_qkv(x)
@@ -244,18 +279,15 @@ class HeadAttention(nn.Module):
                     raise ValueError("a cache takes one step at a time, without internals")
                 return cache.attend_self(q, k, v, dropout_p=p), None
         elif cache is not None:
-            q, k, v = self.proj.queries(x), cache.cross_k, cache.cross_v
-            h, n, t, dk = q.shape
-            group = n // k.size(1)  # hypotheses per sentence
-            q = q.reshape(h, k.size(1), group * t, dk)  # [H, B, G·T, Dk]
+            if need_internals:
+                raise ValueError("a cache takes one step at a time, without internals")
+            return cache.attend_cross(self.proj.queries(x)), None
         else:
             q = self.proj.queries(x)
             k, v = self.proj.keys_values(memory)
         heads, probs = attend(
             q, k, v, key_pad=key_pad, causal=causal, dropout_p=p, need_probs=need_internals
         )
-        if group > 1:
-            heads = heads.reshape(heads.size(0), -1, heads.size(2) // group, heads.size(3))
         if not need_internals:
             return heads, None
         assert probs is not None

@@ -74,6 +74,7 @@ class BranchedAttention(nn.Module):
         nn.init.uniform_(self.w2, -bound, bound)
         self.branch_weights = BranchWeights(branches=m, mode=weights, topk=topk, init=init)
         self._fused_cache: tuple[tuple, tuple[Tensor, Tensor, Tensor]] | None = None
+        self._params: list[Tensor] | None = None
         self._tail = PackedLinear()  # the output matmul, packed while decoding
 
     def _fused_weights(self, kappa: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -89,7 +90,9 @@ class BranchedAttention(nn.Module):
         if not torch.is_grad_enabled():
             # autocast makes bf16 fused weights: a pass without it must not reuse them
             autocast = torch.is_autocast_enabled(self.w1.device.type)
-            key = (autocast, *((p.data_ptr(), p._version) for p in self.parameters()))
+            if self._params is None:  # (the same objects for the module's life)
+                self._params = list(self.parameters())
+            key = (autocast, *((p.data_ptr(), p._version) for p in self._params))
             if self._fused_cache is not None and self._fused_cache[0] == key:
                 return self._fused_cache[1]
         if self.ffn == "split":

@@ -168,21 +168,27 @@ class Seq2Seq(nn.Module):
         search knows them; otherwise they grow as needed.
         """
         layers = []
+        src_pad = enc.src_pad if bool(enc.src_pad.any()) else None
         for layer, memory in zip(self.decoder_layers, enc.memories, strict=True):
             k, v = layer.cross_attn.attn.proj.keys_values(memory)  # [H, B, S, Dk] each
+            h, b, s, dk = k.shape
+            bias = None
+            if src_pad is not None:  # [H·B, 1, S]: added to every step's scores
+                bias = k.new_zeros(b, s).masked_fill_(src_pad, float("-inf"))
+                bias = bias[None].expand(h, b, s).reshape(h * b, 1, s)
             path = torch.zeros(k.size(1), 0, dtype=torch.long, device=k.device)
             # contiguous, so that every step's QKᵀ and PV are plain batched matmuls: the
             # projection's head-split views would be copied by matmul at every step
             layers.append(
                 LayerCache(
-                    cross_k=k.contiguous(),
+                    cross_k=(k * dk**-0.5).contiguous(),  # the 1/√Dk of every step, once
                     cross_v=v.contiguous(),
+                    cross_bias=bias,
                     path=path,
                     capacity=steps or 16,
                     width=hypotheses,
                 )
             )
-        src_pad = enc.src_pad if bool(enc.src_pad.any()) else None
         return DecoderCache(layers=layers, src_pad=src_pad)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
@@ -193,12 +199,18 @@ class Seq2Seq(nn.Module):
         """
         x = self.embed(tokens[:, None], offset=cache.step)  # [N, 1, D]
         # this step's keys of a sentence's G hypotheses take slots 0 … G−1
-        sentences = cache.layers[0].cross_k.size(1)
-        slot = torch.arange(tokens.size(0), device=tokens.device) % (tokens.size(0) // sentences)
+        n = tokens.size(0)
+        group = n // cache.layers[0].cross_k.size(1)
         path = cache.layers[0].path
         if cache.step == 0:  # the first step decides how many hypotheses there are
-            path = path.new_zeros(tokens.size(0), 0)
-        path = torch.cat([path, slot[:, None]], dim=1)  # [N, t+1]
+            path = path.new_zeros(n, 0)
+        if cache.layers[0].reads_path(group) or path.size(1) > 0:
+            # while the buffers hold one slot a step (greedy search) every slot is 0 and
+            # the path is left empty: it is only read with several
+            if path.size(1) < cache.step:
+                path = torch.cat([path.new_zeros(n, cache.step - path.size(1)), path], dim=1)
+            slot = torch.arange(n, device=tokens.device) % group
+            path = torch.cat([path, slot[:, None]], dim=1)  # [N, t+1]
         for layer_cache in cache.layers:
             layer_cache.path = path
         for layer, layer_cache in zip(self.decoder_layers, cache.layers, strict=True):
