@@ -20,6 +20,7 @@ each figure is also given as a ratio to the table's first row, measured in the s
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -29,13 +30,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from decode_speed import batches
-from train_speed import ROOT, build_data
-from wtnmt.config import load_config
-from wtnmt.data import ParallelData
+from decode_speed import batches, setup
+from train_speed import ROOT
 from wtnmt.decode import beam_search, greedy_search
-from wtnmt.model import build_model, quantize_decoding
-from wtnmt.runtime import tune_cpu_allocator
+from wtnmt.model import quantize_decoding
 
 
 def decode(model, inputs: list[torch.Tensor], beam: int, length: int) -> float:  # type: ignore[no-untyped-def]
@@ -66,12 +64,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quantize", choices=["none", "int8"], default="none")
     args = parser.parse_args()
-    torch.set_num_threads(2)
-    tune_cpu_allocator()
-    vocab = build_data(args.bench_dir, args.work)
-    data = ParallelData(args.work / "prepared", "test")
-    torch.manual_seed(0)
-    model = build_model(load_config("weighted-small").model, vocab_size=vocab).eval()
+    model, data = setup(args.bench_dir, args.work)
     quantize_decoding(model, args.quantize)
     n = args.sentences
     by32 = batches(data, n, 32)
@@ -97,7 +90,7 @@ def main() -> None:
     table("batch size (beam 5, 24 tokens): output tokens/s", sizes, "tok/s")
     table("output length (beam 5, batches of 32): ms per output token", lengths, "ms")
     latency.sort()
-    p90 = latency[int(0.9 * (len(latency) - 1))]
+    p90 = latency[math.ceil(0.9 * len(latency)) - 1]  # nearest rank
     print(
         f"\none sentence (batch 1, beam 5, 24 tokens): median {statistics.median(latency):.1f} ms,"
         f" 90th percentile {p90:.1f} ms over {len(latency)} sentences"

@@ -56,6 +56,18 @@ def batches(
     return out
 
 
+def setup(bench_dir: Path, work: Path) -> tuple[torch.nn.Module, ParallelData]:
+    """2 threads, the allocator as `wtnmt translate` sets it, the benchmark's test split and
+    the `small` Weighted Transformer with random seeded weights."""
+    torch.set_num_threads(2)
+    tune_cpu_allocator()
+    vocab = build_data(bench_dir, work)
+    data = ParallelData(work / "prepared", "test")
+    torch.manual_seed(0)
+    model = build_model(load_config("weighted-small").model, vocab_size=vocab).eval()
+    return model, data
+
+
 def run(model, inputs, *, beam: int, use_cache: bool) -> tuple[float, int]:  # type: ignore[no-untyped-def]
     start, tokens = time.perf_counter(), 0
     for src in inputs:
@@ -88,12 +100,7 @@ def main() -> None:
         help="batch the sentences in file order, unsorted (as JoeyNMT's figures were taken)",
     )
     args = parser.parse_args()
-    torch.set_num_threads(2)
-    tune_cpu_allocator()
-    vocab = build_data(args.bench_dir, args.work)
-    data = ParallelData(args.work / "prepared", "test")
-    torch.manual_seed(0)
-    model = build_model(load_config("weighted-small").model, vocab_size=vocab).eval()
+    model, data = setup(args.bench_dir, args.work)
     inputs = batches(data, args.limit, 32, by_length=not args.file_order)
     run(model, inputs[:1], beam=5, use_cache=True)  # warm-up
     rounds: dict[str, list[float]] = {"greedy": [], "beam5": []}

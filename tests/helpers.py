@@ -58,3 +58,25 @@ def tiny_run_config(tmp: Path, *, n_train: int = 200, **sections):  # type: igno
     for section, changes in sections.items():
         values[section].update(changes)
     return config_from_dict(values)
+
+
+def overfit_run_config(tmp: Path, n_train: int, **train):  # type: ignore[no-untyped-def]
+    """A tiny Weighted Transformer (D=64) given 200 updates on ``n_train`` pairs: enough to
+    learn them by heart. ``train`` overrides keys of the train section."""
+    return tiny_run_config(
+        tmp,
+        n_train=n_train,
+        model={"d_model": 64, "d_ff": 256, "heads": 4},
+        train={
+            "max_steps": 200,
+            "warmup": 40,
+            "branch_warmup": 10,
+            "label_smoothing": 0.0,
+            "max_tokens": 2000,
+            "valid_every": 1000,
+            "save_every": 1000,
+            "log_every": 50,
+            "lr_scale": 0.5,
+            **train,
+        },
+    )

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import sentence, tiny_run_config, write_pairs
+from helpers import overfit_run_config, sentence, write_pairs
 from wtnmt import Translator
 from wtnmt.cli import main as cli
 from wtnmt.model.packed import PackedLinear, int8_available, quantize_decoding
@@ -42,22 +42,7 @@ def trained(tmp_path_factory) -> tuple[Path, list[str]]:
     """A tiny Weighted Transformer trained until it translates its 40 training pairs."""
     tmp = tmp_path_factory.mktemp("quantize")
     sources = [sentence(i, 3 + i % 4) for i in range(40)]
-    config = tiny_run_config(
-        tmp,
-        n_train=40,
-        model={"d_model": 64, "d_ff": 256, "heads": 4},
-        train={
-            "max_steps": 200,
-            "warmup": 40,
-            "branch_warmup": 10,
-            "label_smoothing": 0.0,
-            "max_tokens": 2000,
-            "valid_every": 1000,
-            "save_every": 1000,
-            "log_every": 100,
-            "lr_scale": 0.5,
-        },
-    )
+    config = overfit_run_config(tmp, n_train=40)
     write_pairs(tmp, "train", sources)
     Trainer(config, tmp / "run", log_to_stderr=False).run()
     return tmp / "run", sources

@@ -16,7 +16,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from helpers import sentence, tiny_run_config, translate, write_pairs
+from helpers import overfit_run_config, sentence, tiny_run_config, translate, write_pairs
 from wtnmt.data import ParallelData, Vocabulary
 from wtnmt.decode import greedy_search
 from wtnmt.errors import CheckpointError, TrainingError
@@ -287,23 +287,8 @@ def test_ddp_with_two_processes_equals_one_process_fed_the_same_global_batches(t
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_a_tiny_weighted_model_overfits_twenty_pairs(tmp_path, precision):
     sources = [sentence(i, 3 + i % 3) for i in range(20)]
-    config = tiny_run_config(
-        tmp_path,
-        n_train=20,
-        model={"d_model": 64, "d_ff": 256, "heads": 4},
-        train={
-            "max_steps": 200,
-            "warmup": 40,
-            "branch_warmup": 10,
-            "label_smoothing": 0.0,
-            "max_tokens": 2000,
-            "valid_every": 1000,
-            "save_every": 1000,
-            "log_every": 50,
-            "lr_scale": 0.5,
-            "precision": precision,  # bf16: autocast, the weights stay float32
-        },
-    )
+    # bf16: autocast, the weights stay float32
+    config = overfit_run_config(tmp_path, n_train=20, precision=precision)
     write_pairs(tmp_path, "train", sources)  # exactly these 20 pairs
     trainer = Trainer(config, tmp_path / "run", **QUIET)
     trainer.run()
