@@ -549,3 +549,12 @@ def test_precision_auto_is_bf16_where_the_hardware_has_it_and_the_log_says_which
     trainer.run()
     log = (tmp_path / "run" / "train.log").read_text()
     assert "in bf16 autocast (train.precision=auto)" in log
+
+
+def test_a_resume_with_precision_auto_keeps_the_precision_the_run_was_trained_in(tmp_path):
+    config = tiny_run_config(tmp_path, train={"max_steps": 2, "precision": "fp32"})
+    Trainer(config, tmp_path / "run", **QUIET).run()
+    auto = tiny_run_config(tmp_path, train={"max_steps": 4, "precision": "auto"})
+    assert Trainer(auto, tmp_path / "run", resume=True, **QUIET).precision == "fp32"
+    stated = tiny_run_config(tmp_path, train={"max_steps": 4, "precision": "bf16"})
+    assert Trainer(stated, tmp_path / "run", resume=True, **QUIET).precision == "bf16"

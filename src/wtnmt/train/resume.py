@@ -75,6 +75,16 @@ def resume_training(trainer: Trainer) -> None:
         f"resumed from {path.name}: step {trainer.state.step}, epoch {trainer.state.epoch}, "
         f"batch {trainer.state.batch_in_epoch}"
     )
+    # train.precision: auto keeps the precision the run was trained in (fp32 was the default
+    # before auto); a precision stated for the resume is used as stated
+    recorded = (state.get("config") or {}).get("train", {}).get("precision")
+    if trainer.tc.precision == "auto" and recorded in ("fp32", "bf16"):
+        if recorded != trainer.precision:
+            trainer.log(
+                f"train.precision=auto: continuing in {recorded}, as the run was trained "
+                f"(set train.precision to change it)"
+            )
+        trainer.precision = recorded
 
 
 __all__ = ["resume_training", "save_training"]
