@@ -48,7 +48,7 @@ class LayerCache:
 
     cross_bias: Tensor | None = None  # [H·B, 1, S]: 0, or −inf at source padding
 
-    def attend_cross(self, q: Tensor) -> Tensor:
+    def attend_cross(self, q: Tensor, *, dropout_p: float = 0.0) -> Tensor:
         """softmax(QKᵀ/√Dk + padding)·V over the source, for queries q [H, B·G, T, Dk] of G
         hypotheses per sentence (one copy of the keys per sentence). → heads [H, B·G, T, Dk].
 
@@ -63,7 +63,10 @@ class LayerCache:
             scores = torch.bmm(q3, k3)
         else:
             scores = torch.baddbmm(self.cross_bias, q3, k3)
-        heads = torch.bmm(scores.softmax(dim=-1), self.cross_v.view(h * b, s, dk))
+        probs = scores.softmax(dim=-1)
+        if dropout_p > 0:
+            probs = dropout(probs, dropout_p)
+        heads = torch.bmm(probs, self.cross_v.view(h * b, s, dk))
         return heads.view(h, n, t, dk)
 
     def reorder(self, path: Tensor, sentences: Tensor | None = None) -> LayerCache:
@@ -281,7 +284,7 @@ class HeadAttention(nn.Module):
         elif cache is not None:
             if need_internals:
                 raise ValueError("a cache takes one step at a time, without internals")
-            return cache.attend_cross(self.proj.queries(x)), None
+            return cache.attend_cross(self.proj.queries(x), dropout_p=p), None
         else:
             q = self.proj.queries(x)
             k, v = self.proj.keys_values(memory)
