@@ -12,7 +12,7 @@ from pathlib import Path
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _tuned = False
-_ONEDNN_CACHE = 16  # primitives kept by oneDNN and by ideep (see tune_cpu_allocator)
+_ONEDNN_CACHE = 16  # primitives kept by oneDNN and by ideep (see bound_onednn_caches)
 
 
 def tune_cpu_allocator() -> bool:
@@ -22,23 +22,12 @@ def tune_cpu_allocator() -> bool:
     mmap, so each step's logits, activations and gradients of that size are page-faulted in
     anew: on a 2-core machine that made a step of the `small` model about 25% slower. This is
     the in-process equivalent of the jemalloc/tcmalloc advice of PyTorch's CPU performance
-    guide.
-
-    It also bounds oneDNN's caches, which it must do before oneDNN's first use: oneDNN (bf16
-    matmuls on CPU, the packed linear of decoding) keeps every primitive it creates, and
-    PyTorch's ideep layer a second cache of them, 1,024 of each by default, with buffers
-    that for the output projection run to tens of MiB. Training meets a new matrix shape at
-    nearly every step (batches differ in tokens), so bf16 training grew by about 500 MiB
-    every few steps (3.45 GiB after 40 steps of the `small` model, against 1.55 GiB in
-    float32). A step reuses a shape a few times only: with 16 of each, bf16 training of that
-    model peaked at 1.36 GiB and its steps were 5% faster (fewer pages faulted in). A value
-    already in the environment wins.
+    guide. It also bounds oneDNN's caches (bound_onednn_caches).
 
     Returns whether the allocator setting applied (glibc on Linux only); idempotent.
     """
     global _tuned
-    for variable in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
-        os.environ.setdefault(variable, str(_ONEDNN_CACHE))
+    bound_onednn_caches()
     if _tuned:
         return True
     if not sys.platform.startswith("linux"):
@@ -50,6 +39,21 @@ def tune_cpu_allocator() -> bool:
         return False
     _tuned = bool(mallopt(_M_MMAP_THRESHOLD, 1 << 30)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 31))
     return _tuned
+
+
+def bound_onednn_caches() -> None:
+    """Bound oneDNN's caches, before oneDNN's first use (it reads them once): oneDNN (bf16
+    matmuls on CPU, the packed linear of decoding) keeps every primitive it creates, and
+    PyTorch's ideep layer a second cache of them, 1,024 of each by default, with buffers
+    that for the output projection run to tens of MiB. Training meets a new matrix shape at
+    nearly every step (batches differ in tokens), so bf16 training grew by about 500 MiB
+    every few steps (3.45 GiB after 40 steps of the `small` model, against 1.55 GiB in
+    float32). A step reuses a shape a few times only: with 16 of each, bf16 training of that
+    model peaked at 1.36 GiB and its steps were 5% faster (fewer pages faulted in). A value
+    already in the environment wins.
+    """
+    for variable in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        os.environ.setdefault(variable, str(_ONEDNN_CACHE))
 
 
 def check_device(device: str) -> None:

@@ -33,7 +33,7 @@ from wtnmt.rundir import (
     RunDirectory,
     save_weights,
 )
-from wtnmt.runtime import resolve_precision
+from wtnmt.runtime import bound_onednn_caches, resolve_precision
 from wtnmt.train.report import RunReport
 from wtnmt.train.resume import resume_training, save_training
 from wtnmt.train.schedule import branch_weights_frozen, learning_rates, step_budget, stop_reason
@@ -63,6 +63,8 @@ class Trainer:
         self.log_to_stderr = log_to_stderr
         self.device = resolve_device(self.tc.device)
         self.precision = resolve_precision(self.tc.precision, self.device)  # auto → bf16/fp32
+        if self.precision == "bf16":  # also for the Python API, which `wtnmt train` tunes
+            bound_onednn_caches()
         if self.tc.precision == "fp16" and self.device.type != "cuda":
             raise TrainingError(
                 f"train.precision='fp16' needs a CUDA device and training runs on "
