@@ -354,3 +354,43 @@ def test_packed_output_projection_is_the_plain_one_and_follows_updates():
     packed(x, w).sum().backward()
     assert w.grad is not None and packed._packed is None  # training holds no packed copy
     assert copy.deepcopy(packed)._packed is None  # copies pack their own
+
+
+@pytest.mark.parametrize("mask", ["padding", "causal", "none"])
+@pytest.mark.parametrize("p", [0.0, 0.25])
+def test_attention_math_path_is_the_textbook_formula(mask, p):
+    """attend's own path (need_probs, or CPU training with dropout): scale folded into q,
+    masks as additive biases, dropout's rescaling carried by v. Against eq. 1 written out,
+    with the same dropout draws."""
+    from wtnmt.model.attention import attend
+    from wtnmt.model.dropout import keep_mask, keep_scale
+
+    torch.manual_seed(0)
+    h, b, t, s, dk = 3, 2, 5, 7, 8
+    if mask == "causal":
+        s = t
+    q, k, v = torch.randn(h, b, t, dk), torch.randn(h, b, s, dk), torch.randn(h, b, s, dk)
+    key_pad = torch.zeros(b, s, dtype=torch.bool)
+    key_pad[1, -3:] = True
+    scores = q @ k.transpose(-1, -2) / dk**0.5
+    if mask == "padding":
+        scores = scores.masked_fill(key_pad[None, :, None, :], float("-inf"))
+    if mask == "causal":
+        scores = scores.masked_fill(torch.ones(t, s, dtype=torch.bool).triu(1), float("-inf"))
+    probs = scores.softmax(-1)
+    torch.manual_seed(1)
+    dropped = probs
+    if p > 0:
+        keep = keep_mask(torch.Size([h * b, t, s]), p).view(h, b, t, s)
+        dropped = probs * keep * keep_scale(p)
+    expected = dropped @ v
+    torch.manual_seed(1)
+    heads, got_probs = attend(
+        q, k, v,
+        key_pad=key_pad if mask == "padding" else None,
+        causal=mask == "causal",
+        dropout_p=p,
+        need_probs=True,
+    )  # fmt: skip
+    torch.testing.assert_close(got_probs, probs)
+    torch.testing.assert_close(heads, expected)

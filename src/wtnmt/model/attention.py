@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from wtnmt.model.dropout import dropout
+from wtnmt.model.dropout import dropout, keep_scale, masked
 from wtnmt.model.outputs import AttentionInternals, AttentionOutput
 from wtnmt.model.packed import PackedLinear
 
@@ -194,16 +194,33 @@ def attend(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
         )
         return heads, None
-    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.size(-1))  # [H, B, T, S]
+    # The math path, as batched matmuls over H·B: the head-split views of the projections
+    # are copied once anyway (matmul would), so the copy of q carries the 1/√Dk and, under
+    # dropout, the copy of v carries the dropout's 1/(1 − p). Masks are additive biases of
+    # the first matmul (baddbmm), not extra passes over the scores.
+    h, b, t, dk = q.shape
+    s = k.size(2)
+    q3 = (q * dk**-0.5).reshape(h * b, t, dk)
+    k3 = k.reshape(h * b, s, dk).transpose(1, 2)
+    bias = None
     if key_pad is not None:
-        scores = scores.masked_fill(key_pad[None, :, None, :], float("-inf"))
-    if causal:
-        t, s = scores.shape[-2:]
-        future = torch.ones(t, s, dtype=torch.bool, device=q.device).triu(s - t + 1)
-        scores = scores.masked_fill(future, float("-inf"))
+        if causal:  # pragma: no cover - the model never asks for both
+            raise ValueError("attend: causal attention with a key padding mask is not supported")
+        bias = q.new_zeros(b, 1, s).masked_fill_(key_pad[:, None, :], float("-inf"))
+        bias = bias.expand(h, b, 1, s).reshape(h * b, 1, s)
+    elif causal:
+        bias = q.new_zeros(t, s).masked_fill_(
+            torch.ones(t, s, dtype=torch.bool, device=q.device).triu(s - t + 1), float("-inf")
+        )
+    scores = torch.bmm(q3, k3) if bias is None else torch.baddbmm(bias, q3, k3)  # [HB, T, S]
     probs = scores.softmax(dim=-1)
-    dropped = dropout(probs, dropout_p) if dropout_p > 0 else probs
-    return torch.matmul(dropped, v), probs if need_probs else None
+    if dropout_p > 0:
+        dropped = masked(probs, dropout_p)
+        v3 = (v * keep_scale(dropout_p)).reshape(h * b, s, dk)
+    else:
+        dropped, v3 = probs, v.reshape(h * b, s, dk)
+    heads = torch.bmm(dropped, v3).view(h, b, t, dk)
+    return heads, probs.view(h, b, t, s) if need_probs else None
 
 
 class HeadProjection(nn.Module):

@@ -29,9 +29,36 @@ from torch import Tensor, nn
 
 from wtnmt.model.attention import HeadAttention, LayerCache, init_out_projection, merge_heads
 from wtnmt.model.branch_weights import BranchWeights, InitMode, WeightMode
-from wtnmt.model.dropout import dropout
+from wtnmt.model.dropout import relu_dropout
 from wtnmt.model.outputs import AttentionOutput
 from wtnmt.model.packed import PackedLinear
+
+
+class _BranchTail(torch.autograd.Function):
+    """Concat_i(hid_i) · W2 + b2 = Σ_i hid_i W2_i + b2 for hid [M, BT, F/M], W2 [F, D], as M
+    multiply-adds into one output: the concatenation would copy hid ([BT, F], the largest
+    activation of the sublayer) forward and its gradient back. The backward multiplies all
+    branches at once against the incoming gradient broadcast over M (a stride-0 batch, not
+    copied). On 2 CPU cores, [4, 4,080, 256] forward and backward: 37 ms against 41 ms.
+    For full-precision training only: in bf16 the output would be rounded after each branch."""
+
+    @staticmethod
+    def forward(ctx, hid: Tensor, w2: Tensor, b2: Tensor) -> Tensor:  # type: ignore[override]
+        m = hid.size(0)
+        w = w2.view(m, -1, w2.size(-1))  # [M, F/M, D]
+        out = torch.addmm(b2, hid[0], w[0])
+        for i in range(1, m):
+            out.addmm_(hid[i], w[i])
+        ctx.save_for_backward(hid, w)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # type: ignore[override]
+        hid, w = ctx.saved_tensors
+        wide = grad.expand(hid.size(0), *grad.shape)  # [M, BT, D]
+        d_hid = torch.bmm(wide, w.transpose(1, 2))  # [M, BT, F/M]
+        d_w = torch.bmm(hid.transpose(1, 2), wide)  # [M, F/M, D]
+        return d_hid, d_w.view(-1, w.size(-1)), grad.sum(0)
 
 
 class BranchedAttention(nn.Module):
@@ -107,11 +134,6 @@ class BranchedAttention(nn.Module):
         self._fused_cache = None if key is None else (key, fused)
         return fused
 
-    def _dropout(self, hid: Tensor) -> Tensor:
-        if self.activation_dropout == 0:
-            return hid
-        return dropout(hid, self.activation_dropout, self.training)
-
     def forward(
         self,
         x: Tensor,
@@ -132,13 +154,17 @@ class BranchedAttention(nn.Module):
         m, b, t, dk = heads.shape
         flat = heads.reshape(m, b * t, dk)  # [M, BT, Dk]
         if self.ffn == "split":
-            hid = torch.baddbmm(self.b1[:, None, :], flat, w).relu_()  # [M, BT, F/M]
-            hid = self._dropout(hid)
-            concat = hid.permute(1, 0, 2).reshape(b * t, -1)  # [BT, F] = Concat_i(hid_i)
-            out = self._tail(concat, w2.t(), b2, key=key)  # [BT, D]
+            hid = torch.baddbmm(self.b1[:, None, :], flat, w)  # [M, BT, F/M]
+            hid = relu_dropout(hid, self.activation_dropout, self.training)
+            if torch.is_grad_enabled() and hid.dtype == w2.dtype:
+                out = _BranchTail.apply(hid, w2, b2)  # [BT, D]
+            else:  # decoding (the packed or int8 matmul) and autocast: one matmul on
+                # Concat_i(hid_i) [BT, F], whose sum over F is not rounded branch by branch
+                concat = hid.permute(1, 0, 2).reshape(b * t, -1)
+                out = self._tail(concat, w2.t(), b2, key=key)
         else:
-            hid = torch.baddbmm(self.b1, flat, w).relu_()  # [M, BT, F]
-            hid = self._dropout(hid)
+            hid = torch.baddbmm(self.b1, flat, w)  # [M, BT, F]
+            hid = relu_dropout(hid, self.activation_dropout, self.training)
             weighted = torch.einsum("m,mnf->nf", alpha, hid)  # Σ_i α_i hid_i  [BT, F]
             out = self._tail(weighted, w2.t(), b2, key=key)  # [BT, D]
         if internals is not None:

@@ -17,7 +17,7 @@ from typing import Literal
 from torch import Tensor, nn
 
 from wtnmt.model.attention import LayerCache
-from wtnmt.model.dropout import Dropout, dropout
+from wtnmt.model.dropout import relu_dropout, residual_dropout
 from wtnmt.model.outputs import AttentionInternals, AttentionOutput
 from wtnmt.model.packed import PackedLinear
 
@@ -39,9 +39,8 @@ class FeedForward(nn.Module):
         # on [B·T, D] rather than [B, T, D]: F.linear returns a view for 3-d inputs, and the
         # in-place ReLU on a view would cost two copies of the hidden layer in the backward
         flat = x.reshape(-1, x.size(-1))
-        h = self._fc1(flat, self.fc1.weight, self.fc1.bias).relu_()
-        if self.activation_dropout > 0:
-            h = dropout(h, self.activation_dropout, self.training)
+        h = self._fc1(flat, self.fc1.weight, self.fc1.bias)
+        h = relu_dropout(h, self.activation_dropout, self.training)
         return self._fc2(h, self.fc2.weight, self.fc2.bias).view(*x.shape[:-1], -1)
 
 
@@ -51,7 +50,7 @@ class Residual(nn.Module):
     def __init__(self, *, d_model: int, dropout: float, norm: Literal["post", "pre"]) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = Dropout(dropout)
+        self.p = dropout
         self.pre = norm == "pre"
 
     def forward(
@@ -59,10 +58,13 @@ class Residual(nn.Module):
     ) -> tuple[Tensor, AttentionInternals | None]:
         """x: [B, T, D]; ``sublayer`` maps [B, T, D] to an AttentionOutput of [B, T, D]."""
         result = sublayer(self.norm(x) if self.pre else x)
-        out = self.dropout(result.out) if self.training else result.out
+        out = residual_dropout(x, result.out, self.p, self.training)  # x + Drop(sublayer)
         if self.pre:
-            return x + out, result.internals
-        return self.norm(x + out), result.internals
+            return out, result.internals
+        return self.norm(out), result.internals
+
+    def extra_repr(self) -> str:
+        return f"dropout={self.p}, norm={'pre' if self.pre else 'post'}"
 
 
 class EncoderLayer(nn.Module):
