@@ -36,10 +36,12 @@ from wtnmt.model.packed import PackedLinear
 
 class _BranchTail(torch.autograd.Function):
     """Concat_i(hid_i) · W2 + b2 = Σ_i hid_i W2_i + b2 for hid [M, BT, F/M], W2 [F, D], as M
-    multiply-adds into one output: the concatenation would copy hid ([BT, F], the largest
-    activation of the sublayer) forward and its gradient back. The backward multiplies all
-    branches at once against the incoming gradient broadcast over M (a stride-0 batch, not
-    copied). On 2 CPU cores, [4, 4,080, 256] forward and backward: 37 ms against 41 ms.
+    multiply-adds into one output (M calls, deliberately): the concatenation would copy hid
+    ([BT, F], the largest activation of the sublayer) forward and its gradient back, and keep
+    that copy for the backward beside hid itself (which the ReLU keeps). The backward
+    multiplies all branches at once against the incoming gradient broadcast over M (a
+    stride-0 batch, not copied). On 2 CPU cores, [4, 4,080, 256] forward and backward: 37 ms
+    against 41 ms; float32 training of `weighted-small` peaked at 1.49 GiB, 1.55–1.66 before.
     For full-precision training only: in bf16 the output would be rounded after each branch."""
 
     @staticmethod
