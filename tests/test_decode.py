@@ -21,7 +21,7 @@ from wtnmt.cli import main as cli
 from wtnmt.config import ModelConfig
 from wtnmt.decode import beam_search, greedy_search, length_penalty
 from wtnmt.decode import search as search_module
-from wtnmt.decode.search import top_extensions
+from wtnmt.decode.search import row_argmax, top_extensions
 from wtnmt.model import build_model
 from wtnmt.special import EOS, PAD
 from wtnmt.train import Trainer
@@ -156,6 +156,23 @@ def test_block_top_k_is_top_k(n, g, v, k, dead, seed):
     finite = want[0].isfinite()  # among -inf extensions any is as good as another
     for a, b in zip(got[1:], want[1:], strict=True):
         assert torch.equal(a[finite], b[finite])
+
+
+@given(
+    n=st.integers(1, 4),
+    v=st.sampled_from([6, 512, 513, 700, 1024, 8000]),
+    levels=st.integers(2, 1000),
+    dead=st.floats(0.0, 0.999),
+    seed=st.integers(0, 2**16),
+)
+def test_block_argmax_is_argmax_first_among_ties(n, v, levels, dead, seed):
+    gen = torch.Generator().manual_seed(seed)
+    # few distinct values: ties within a block, across blocks and in the short last block
+    x = torch.randint(0, levels, (n, v), generator=gen).float()
+    x[torch.rand(n, v, generator=gen) < dead] = float("-inf")
+    x[0, -1] = x[0].max()  # a maximum in the last column (the clamped columns repeat it)
+    assert torch.equal(row_argmax(x), x.argmax(1))
+    assert torch.equal(row_argmax(torch.full((n, v), float("-inf"))), torch.zeros(n).long())
 
 
 def test_search_with_the_block_top_k_equals_search_with_topk(monkeypatch):

@@ -34,7 +34,10 @@ class LayerCache:
     of one row per hypothesis needs) cost more than the attention itself. Step τ's keys of
     the G hypotheses of sentence b sit in slots ``self_k[:, b, τ, 0:G]``; hypothesis n reads
     its own prefix through ``path[n, τ]``, the slot its ancestor took at step τ (G = 1:
-    always slot 0). Mutable on purpose: each step appends.
+    always slot 0). Each hypothesis scores every slot of its sentence and ``own_slots``, an
+    additive bias of 0 on the slots of its path and −inf elsewhere, leaves it its own: one
+    add per layer and step, where gathering the scores and scattering the probabilities back
+    cost a dozen small operations. Mutable on purpose: each step appends.
     """
 
     cross_k: Tensor  # [H, B, S, Dk]   one per *sentence*, shared by its hypotheses, ×1/√Dk
@@ -47,6 +50,7 @@ class LayerCache:
     width: int = 1  # slots per step (hypotheses per sentence) to make room for at first
 
     cross_bias: Tensor | None = None  # [H·B, 1, S]: 0, or −inf at source padding
+    own_slots: Tensor | None = None  # [B, G, t·W]: 0 on each hypothesis' path, −inf elsewhere
 
     def attend_cross(self, q: Tensor, *, dropout_p: float = 0.0) -> Tensor:
         """softmax(QKᵀ/√Dk + padding)·V over the source, for queries q [H, B·G, T, Dk] of G
@@ -75,7 +79,7 @@ class LayerCache:
         are shared with this cache, which is not to be used any more."""
 
         if sentences is None:
-            return replace(self, path=path)
+            return replace(self, path=path, own_slots=None)
 
         def pick(t: Tensor | None) -> Tensor | None:
             return None if t is None else t.index_select(1, sentences)
@@ -90,22 +94,23 @@ class LayerCache:
             cross_v=pick(self.cross_v),
             cross_bias=bias,
             path=path,
+            own_slots=None,
             self_k=pick(self.self_k),
             self_v=pick(self.self_v),
         )
 
-    def reads_path(self, group: int) -> bool:
-        """Whether a step of ``group`` hypotheses per sentence reads ``path``: only where
-        the buffers hold more than one slot a step."""
+    def slots(self, group: int) -> int:
+        """How many slots a step the buffers hold once a step of ``group`` hypotheses per
+        sentence is written (``path`` is read only where there are several)."""
         held = 0 if self.self_k is None else self.self_k.size(3)
-        return max(self.width, group, held) > 1
+        return max(self.width, group, held)
 
     def _room(self, k: Tensor, group: int) -> None:
         """Make the buffers hold one more step of ``group`` slots (grown by doubling).
 
-        Values are zero in every slot no hypothesis took (they meet probability 0 in the
-        product with the attention weights, and must not be NaN); keys of those slots are
-        only ever scored and discarded.
+        Keys and values are zero in every slot no hypothesis took: such a slot is scored
+        (its −inf bias makes it probability 0) and meets probability 0 in the product with
+        the values, and neither may be NaN, as uninitialised memory can be.
         """
         h, b, dk = k.size(0), self.cross_k.size(1), k.size(-1)
         if self.self_k is not None:
@@ -117,11 +122,9 @@ class LayerCache:
             capacity, width = max(self.capacity, 1), max(self.width, group)
         for name in ("self_k", "self_v"):
             old = getattr(self, name)
-            new = k.new_empty(h, b, capacity, width, dk)
+            new = k.new_zeros(h, b, capacity, width, dk)  # a slot never written stays 0
             if old is not None:
                 new[:, :, : self.steps, : old.size(3)] = old[:, :, : self.steps]
-                if name == "self_v" and old.size(3) < width:
-                    new[:, :, : self.steps, old.size(3) :] = 0
             setattr(self, name, new)
 
     def attend_self(self, q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float) -> Tensor:
@@ -139,8 +142,6 @@ class LayerCache:
         else:
             torch.mul(k.view(h, b, group, dk), dk**-0.5, out=self.self_k[:, :, t, :group])
         self.self_v[:, :, t, :group] = v.view(h, b, group, dk)
-        if group < self.self_v.size(3):
-            self.self_v[:, :, t, group:] = 0
         self.steps = t = t + 1
         width = self.self_k.size(3)
         keys = self.self_k[:, :, :t].reshape(h, b, t * width, dk)  # views, no copy
@@ -148,15 +149,22 @@ class LayerCache:
         queries = q.reshape(h, b, group, dk)
         scores = torch.matmul(queries, keys.transpose(-1, -2))  # [H, B, G, t·W]
         if width > 1:  # each hypothesis' own prefix: one slot per step
-            steps = torch.arange(t, device=q.device) * width
-            cols = (steps + self.path.view(b, group, t)).expand(h, b, group, t)
-            scores = scores.gather(-1, cols)  # [H, B, G, t]
+            if self.own_slots is None or self.own_slots.size(-1) != t * width:
+                self.own_slots = own_slot_bias(self.path, group, width)
+            scores += self.own_slots
         probs = scores.softmax(dim=-1)
         if dropout_p > 0:
             probs = dropout(probs, dropout_p)
-        if width > 1:
-            probs = scores.new_zeros(h, b, group, t * width).scatter_(-1, cols, probs)
         return torch.matmul(probs, values).view(h, n, 1, dk)
+
+
+def own_slot_bias(path: Tensor, group: int, width: int) -> Tensor:
+    """path [B·G, t] (the slot of each step on each hypothesis' prefix) → an additive bias
+    [B, G, t·W]: 0 on those slots, −inf on every other slot of the sentence's buffers."""
+    n, t = path.shape
+    cols = torch.arange(t, device=path.device) * width + path  # [B·G, t]
+    bias = torch.full((n, t * width), float("-inf"), device=path.device)
+    return bias.scatter_(1, cols, 0.0).view(n // group, group, t * width)
 
 
 _SHORT_QUERIES = 8  # query blocks up to this length skip the fused kernel (see attend)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from wtnmt.model.attention import LayerCache
+from wtnmt.model.attention import LayerCache, own_slot_bias
 from wtnmt.model.dropout import Dropout
 from wtnmt.model.embedding import Positions, TokenEmbedding
 from wtnmt.model.layers import DecoderLayer, EncoderLayer
@@ -204,15 +204,18 @@ class Seq2Seq(nn.Module):
         path = cache.layers[0].path
         if cache.step == 0:  # the first step decides how many hypotheses there are
             path = path.new_zeros(n, 0)
-        if cache.layers[0].reads_path(group) or path.size(1) > 0:
+        width = cache.layers[0].slots(group)
+        own_slots = None
+        if width > 1 or path.size(1) > 0:
             # while the buffers hold one slot a step (greedy search) every slot is 0 and
             # the path is left empty: it is only read with several
             if path.size(1) < cache.step:
                 path = torch.cat([path.new_zeros(n, cache.step - path.size(1)), path], dim=1)
             slot = torch.arange(n, device=tokens.device) % group
             path = torch.cat([path, slot[:, None]], dim=1)  # [N, t+1]
+            own_slots = own_slot_bias(path, group, width)  # once for every layer
         for layer_cache in cache.layers:
-            layer_cache.path = path
+            layer_cache.path, layer_cache.own_slots = path, own_slots
         for layer, layer_cache in zip(self.decoder_layers, cache.layers, strict=True):
             x, _, _ = layer(x, None, src_pad=cache.src_pad, cache=layer_cache)
         if self.decoder_norm is not None:
