@@ -144,18 +144,18 @@ class LayerCache:
         self.self_v[:, :, t, :group] = v.view(h, b, group, dk)
         self.steps = t = t + 1
         width = self.self_k.size(3)
-        keys = self.self_k[:, :, :t].reshape(h, b, t * width, dk)  # views, no copy
-        values = self.self_v[:, :, :t].reshape(h, b, t * width, dk)
-        queries = q.reshape(h, b, group, dk)
-        scores = torch.matmul(queries, keys.transpose(-1, -2))  # [H, B, G, t·W]
+        # batched matmuls over H·B on views (no copy) of the buffers' first t steps
+        keys = self.self_k[:, :, :t].reshape(h * b, t * width, dk)
+        values = self.self_v[:, :, :t].reshape(h * b, t * width, dk)
+        scores = torch.bmm(q.reshape(h * b, group, dk), keys.transpose(1, 2))  # [HB, G, t·W]
         if width > 1:  # each hypothesis' own prefix: one slot per step
             if self.own_slots is None or self.own_slots.size(-1) != t * width:
                 self.own_slots = own_slot_bias(self.path, group, width)
-            scores += self.own_slots
+            scores.view(h, b, group, t * width).add_(self.own_slots)
         probs = scores.softmax(dim=-1)
         if dropout_p > 0:
             probs = dropout(probs, dropout_p)
-        return torch.matmul(probs, values).view(h, n, 1, dk)
+        return torch.bmm(probs, values).view(h, n, 1, dk)
 
 
 def own_slot_bias(path: Tensor, group: int, width: int) -> Tensor:
