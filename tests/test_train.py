@@ -473,6 +473,7 @@ config = tiny_run_config(Path({tmp!r}), n_train=300, train={{"max_steps": {steps
     "valid_every": 100, "max_tokens": 200}}, model={{"dropout": 0.3}})
 trainer = Trainer(config, Path({run!r}), resume={resume}, log_to_stderr=False)
 trainer.run()
+assert not torch.distributed.is_initialized()  # the trainer made the group and took it down
 if int(os.environ["RANK"]) == 0:
     torch.save(dict(trainer.model.state_dict()), {out!r})
 """

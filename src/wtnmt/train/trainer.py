@@ -70,9 +70,11 @@ class Trainer:
                 f"train.precision='fp16' needs a CUDA device and training runs on "
                 f"{self.device.type} (train.device={self.tc.device!r}): use bf16 or fp32"
             )
+        self._owns_group = False  # whether run() is to take the process group down
         if self.world > 1 and not dist.is_initialized():
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             dist.init_process_group(backend)
+            self._owns_group = True
             if self.device.type == "cuda":
                 self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         if self.tc.threads:
@@ -271,9 +273,16 @@ class Trainer:
     def run(self) -> TrainState:
         """Train until a stop condition; the run directory is let go however it ends."""
         try:
-            return self._train()
+            state = self._train()
+            if self._owns_group:
+                # every rank done before the group goes: left to the interpreter's exit, a
+                # rank's gloo threads could be torn down mid-way and abort the process
+                dist.barrier()
+            return state
         finally:
             self.rundir.unlock()
+            if self._owns_group and dist.is_initialized():
+                dist.destroy_process_group()
 
     def _train(self) -> TrainState:
         s, tc = self.state, self.tc
