@@ -148,9 +148,8 @@ class LayerCache:
         keys = self.self_k[:, :, :t].reshape(h * b, t * width, dk)
         values = self.self_v[:, :, :t].reshape(h * b, t * width, dk)
         scores = torch.bmm(q.reshape(h * b, group, dk), keys.transpose(1, 2))  # [HB, G, t·W]
-        if width > 1:  # each hypothesis' own prefix: one slot per step
-            if self.own_slots is None or self.own_slots.size(-1) != t * width:
-                self.own_slots = own_slot_bias(self.path, group, width)
+        if width > 1:  # each hypothesis' own prefix (the bias decode_step made for the step)
+            assert self.own_slots is not None and self.own_slots.size(-1) == t * width
             scores.view(h, b, group, t * width).add_(self.own_slots)
         probs = scores.softmax(dim=-1)
         if dropout_p > 0:

@@ -274,15 +274,13 @@ class Trainer:
         """Train until a stop condition; the run directory is let go however it ends."""
         try:
             state = self._train()
-            if self._owns_group:
-                # every rank done before the group goes: left to the interpreter's exit, a
-                # rank's gloo threads could be torn down mid-way and abort the process
+            if self._owns_group:  # every rank done before the group goes
                 dist.barrier()
             return state
         finally:
             self.rundir.unlock()
-            if self._owns_group and dist.is_initialized():
-                dist.destroy_process_group()
+            if self._owns_group and dist.is_initialized():  # not left to the exit, where a
+                dist.destroy_process_group()  # rank's gloo threads could abort the process
 
     def _train(self) -> TrainState:
         s, tc = self.state, self.tc
