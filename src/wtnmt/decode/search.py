@@ -138,8 +138,9 @@ def top_extensions(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tens
 def row_argmax(x: Tensor) -> Tensor:
     """x [n, V] → the index of each row's maximum [n], the first where several are equal
     (as ``x.argmax(1)``). On CPU, ``argmax`` and ``max(dim)`` have no vector path: over
-    [32, 8,000] they took 0.23 ms, the maxima of 128-wide blocks 0.03 ms. So the best block
-    is found from the blocks' maxima, and the argmax taken over its 128 values only."""
+    [32, 8,000] they took 0.23 ms, the maxima of 128-wide blocks 0.03 ms and this whole
+    function 0.13 ms. So the best block is found from the blocks' maxima, and the argmax
+    taken over its 128 values only."""
     n, v = x.shape
     if v <= 4 * _BLOCK:
         return x.argmax(1)
