@@ -29,6 +29,15 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def _add_quantize(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--quantize",
+        default="none",
+        choices=["none", "int8"],
+        help="int8: decode with int8 linear layers (CPU; faster, approximate; default none)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="wtnmt", description="Weighted Transformer neural machine translation.")
     commands = parser.add_subparsers(
@@ -108,12 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int)
-    p.add_argument(
-        "--quantize",
-        default="none",
-        choices=["none", "int8"],
-        help="int8: decode with int8 linear layers (CPU; faster, approximate; default none)",
-    )
+    _add_quantize(p)
     p.set_defaults(func=cmd_translate)
 
     p = commands.add_parser(
@@ -143,12 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of --branch-weights random")
     p.add_argument("--device", default="cpu")
-    p.add_argument(
-        "--quantize",
-        default="none",
-        choices=["none", "int8"],
-        help="int8: decode with int8 linear layers (CPU; faster, approximate; default none)",
-    )
+    _add_quantize(p)
     p.set_defaults(func=cmd_evaluate)
 
     p = commands.add_parser(

@@ -166,6 +166,15 @@ def own_slot_bias(path: Tensor, group: int, width: int) -> Tensor:
     return bias.scatter_(1, cols, 0.0).view(n // group, group, t * width)
 
 
+def padding_bias(key_pad: Tensor, heads: int, dtype: torch.dtype) -> Tensor:
+    """key_pad [B, S] (True at padding) → the additive bias [H·B, 1, S] of batched scores
+    over H·B: 0, or −inf at padding."""
+    b, s = key_pad.shape
+    bias = torch.zeros(b, 1, s, dtype=dtype, device=key_pad.device)
+    bias.masked_fill_(key_pad[:, None, :], float("-inf"))
+    return bias.expand(heads, b, 1, s).reshape(heads * b, 1, s)
+
+
 _SHORT_QUERIES = 8  # query blocks up to this length skip the fused kernel (see attend)
 
 
@@ -190,13 +199,13 @@ def attend(
     # token per hypothesis) do not recover: there two matmuls and a softmax measured 2× faster.
     # With dropout, PyTorch's CPU kernel falls back to these same operations, with a dearer
     # dropout mask than ours (model/dropout.py): on CPU they run here.
+    if causal and key_pad is not None:  # pragma: no cover - the model never asks for both
+        raise ValueError("attend: causal attention with a key padding mask is not supported")
     fused = q.size(-2) > _SHORT_QUERIES or dropout_p > 0
     if dropout_p > 0 and q.device.type == "cpu":
         fused = False
     if not need_probs and fused:
         mask = None if key_pad is None else ~key_pad[None, :, None, :]  # [1,B,1,S] True=attend
-        if causal and mask is not None:  # pragma: no cover - the model never asks for both
-            raise ValueError("attend: causal attention with a key padding mask is not supported")
         heads = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
         )
@@ -211,10 +220,7 @@ def attend(
     k3 = k.reshape(h * b, s, dk).transpose(1, 2)
     bias = None
     if key_pad is not None:
-        if causal:  # pragma: no cover - the model never asks for both
-            raise ValueError("attend: causal attention with a key padding mask is not supported")
-        bias = q.new_zeros(b, 1, s).masked_fill_(key_pad[:, None, :], float("-inf"))
-        bias = bias.expand(h, b, 1, s).reshape(h * b, 1, s)
+        bias = padding_bias(key_pad, h, q.dtype)
     elif causal:
         bias = q.new_zeros(t, s).masked_fill_(
             torch.ones(t, s, dtype=torch.bool, device=q.device).triu(s - t + 1), float("-inf")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from wtnmt.model.attention import LayerCache, own_slot_bias
+from wtnmt.model.attention import LayerCache, own_slot_bias, padding_bias
 from wtnmt.model.dropout import Dropout
 from wtnmt.model.embedding import Positions, TokenEmbedding
 from wtnmt.model.layers import DecoderLayer, EncoderLayer
@@ -171,11 +171,8 @@ class Seq2Seq(nn.Module):
         src_pad = enc.src_pad if bool(enc.src_pad.any()) else None
         for layer, memory in zip(self.decoder_layers, enc.memories, strict=True):
             k, v = layer.cross_attn.attn.proj.keys_values(memory)  # [H, B, S, Dk] each
-            h, b, s, dk = k.shape
-            bias = None
-            if src_pad is not None:  # [H·B, 1, S]: added to every step's scores
-                bias = k.new_zeros(b, s).masked_fill_(src_pad, float("-inf"))
-                bias = bias[None].expand(h, b, s).reshape(h * b, 1, s)
+            h, dk = k.size(0), k.size(-1)
+            bias = None if src_pad is None else padding_bias(src_pad, h, k.dtype)  # every step's
             path = torch.zeros(k.size(1), 0, dtype=torch.long, device=k.device)
             # contiguous, so that every step's QKᵀ and PV are plain batched matmuls: the
             # projection's head-split views would be copied by matmul at every step
