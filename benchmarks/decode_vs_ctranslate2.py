@@ -10,8 +10,16 @@ sinusoidal positions; random seeded weights: with the output length forced, the 
 depend on them). Before timing, greedy outputs of the two engines on the same model are
 checked identical token for token. Then, as ../shared/bench/PEERS.md measured the peers: the
 1,000 test sentences of make_synthetic.py sorted by length, batches of 32, output length
-forced to exactly 24 tokens, greedy and beam 5, 2 threads, model loading excluded. Rounds
-alternate every entry and report medians (this machine drifts by ±20% over minutes).
+forced to exactly 24 tokens, greedy and beam 5, 2 threads, model loading excluded.
+
+Interleaved finely, because this machine drifts by ±25% within minutes: the batches are cut
+into groups of ``--group`` batches (a few seconds of work), and every entry decodes a group
+(greedy, then beam 5) before the next group starts, the entries taking turns in an order
+rotated from group to group, each after a pause in which the previous entry's OpenMP threads
+(both wheels bring a libgomp) stop spin-waiting. An entry's figure for a round is its tokens
+over its time summed over all groups, so every ratio compares engines that met the same
+conditions. Medians of ``--rounds`` such rounds are reported, with the spread of the ratios
+across rounds.
 
 CTranslate2 on 2 cores, timed fairly (PEERS.md): ``ctranslate2`` imported before ``torch``;
 each translator loaded in a short-lived helper thread, one alive at a time. Its wheel carries
@@ -234,8 +242,10 @@ def main() -> None:
     parser.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
     parser.add_argument("--work", type=Path, default=ROOT / "bench-data")
     parser.add_argument("--limit", type=int, default=1000, help="test sentences to decode")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (median)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (medians)")
+    parser.add_argument("--group", type=int, default=4, help="batches an entry decodes in turn")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--pause", type=float, default=0.3, help="seconds before each entry")
     parser.add_argument("--check", type=int, default=256, help="sentences checked first")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -271,51 +281,86 @@ def main() -> None:
         del translator
         gc.collect()
         ct2_inputs = as_tokens(inputs, tokens)
-        entries = [
-            *(f"wtnmt {f} {p}" for f in ("weighted", "transformer") for p in ("fp32", "int8")),
-            "ct2 float32",
-            "ct2 int8",
-        ]
-        rates: dict[tuple[str, int], list[float]] = {}
-        for r in range(args.rounds):
-            for entry in entries:
+        rates = timed_rounds(args, models, quantized, paths, inputs, ct2_inputs, expected)
+    report(rates, args)
+
+
+ENTRIES = [
+    *(f"wtnmt {f} {p}" for f in ("weighted", "transformer") for p in ("fp32", "int8")),
+    "ct2 float32",
+    "ct2 int8",
+]
+
+
+def timed_rounds(args, models, quantized, paths, inputs, ct2_inputs, expected):  # type: ignore[no-untyped-def]
+    """{(entry, beam): [output tokens/s of each round]}, the entries interleaved group by
+    group (see the module docstring)."""
+    groups = [range(i, min(i + args.group, len(inputs))) for i in range(0, len(inputs), args.group)]
+    rates: dict[tuple[str, int], list[float]] = {}
+    for r in range(args.rounds):
+        seconds = dict.fromkeys(((e, b) for e in ENTRIES for b in (1, 5)), 0.0)
+        counts = dict.fromkeys(seconds, 0)
+        for g, group in enumerate(groups):
+            shift = (r * len(groups) + g) % len(ENTRIES)
+            for entry in ENTRIES[shift:] + ENTRIES[:shift]:
                 translator = None
-                if entry.startswith("ct2"):
+                if entry.startswith("ct2"):  # one translator alive at a time
                     translator = load_translator(paths[entry.split()[1]], args.threads)
-                    run_ct2(translator, ct2_inputs[:1], 5)  # warm-up
+                    run_ct2(translator, ct2_inputs[:1], 5)  # warm-up, untimed
                 else:
                     _, flavour, precision = entry.split()
                     model = (models if precision == "fp32" else quantized)[flavour]
-                    run_wtnmt(model, inputs[:1], 5)
+                time.sleep(args.pause)  # the last entry's spinning threads go to sleep
                 for beam in (1, 5):
                     if translator is not None:
-                        seconds, n = run_ct2(translator, ct2_inputs, beam)
+                        s, n = run_ct2(translator, [ct2_inputs[i] for i in group], beam)
                     else:
-                        seconds, n = run_wtnmt(model, inputs, beam)
-                    assert n == expected, (entry, beam, n)
-                    rates.setdefault((entry, beam), []).append(n / seconds)
-                    print(f"round {r + 1} {entry:24s} beam {beam}: {n / seconds:7.0f} out tok/s",
-                          flush=True)  # fmt: skip
+                        s, n = run_wtnmt(model, [inputs[i] for i in group], beam)
+                    seconds[(entry, beam)] += s
+                    counts[(entry, beam)] += n
                 del translator
                 gc.collect()
+        line = []
+        for key in seconds:
+            assert counts[key] == expected, (key, counts[key])
+            rates.setdefault(key, []).append(counts[key] / seconds[key])
+            line.append(f"{key[0].removeprefix('wtnmt ')} b{key[1]} {rates[key][-1]:.0f}")
+        print(f"round {r + 1}: " + ", ".join(line), flush=True)
+    return rates
+
+
+def report(rates: dict[tuple[str, int], list[float]], args: argparse.Namespace) -> None:
+    """Medians of the rounds, each entry as a ratio to CTranslate2 (ratio of medians, and
+    in brackets the lowest and highest ratio of one round)."""
+
+    def ratios(entry: str, beam: int, base: str) -> list[float]:
+        return [a / b for a, b in zip(rates[(entry, beam)], rates[(base, beam)], strict=True)]
+
+    def span(values: list[float]) -> str:
+        return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
+
     med = {key: statistics.median(values) for key, values in rates.items()}
-    print(f"\nmedians of {args.rounds} rounds, output tokens/s ({args.threads} threads):")
-    print(f"  {'entry':24s} {'greedy':>8s} {'beam 5':>8s}   ×CT2 f32 (g/b5)  ×CT2 int8 (g/b5)")
-    for entry in entries:
-        g, b = med[(entry, 1)], med[(entry, 5)]
-        f32 = (g / med[("ct2 float32", 1)], b / med[("ct2 float32", 5)])
-        i8 = (g / med[("ct2 int8", 1)], b / med[("ct2 int8", 5)])
-        print(f"  {entry:24s} {g:8.0f} {b:8.0f}   {f32[0]:5.2f} {f32[1]:5.2f}       "
-              f"{i8[0]:5.2f} {i8[1]:5.2f}")  # fmt: skip
-    best = {
-        beam: max(med[(f"wtnmt weighted {p}", beam)] for p in ("fp32", "int8")) for beam in (1, 5)
-    }
+    print(f"\nmedians of {args.rounds} rounds, output tokens/s ({args.threads} threads), and "
+          "ratios to CTranslate2 (median of the rounds' ratios, lowest–highest):")  # fmt: skip
+    print(f"  {'entry':24s} {'greedy':>7s} {'beam 5':>7s}   ×CT2 f32 greedy / beam 5"
+          "            ×CT2 int8 greedy / beam 5")  # fmt: skip
+    for entry in ENTRIES:
+        cells = [
+            span(ratios(entry, b, base)) for base in ("ct2 float32", "ct2 int8") for b in (1, 5)
+        ]
+        print(f"  {entry:24s} {med[(entry, 1)]:7.0f} {med[(entry, 5)]:7.0f}   "
+              f"{cells[0]} / {cells[1]}   {cells[2]} / {cells[3]}")  # fmt: skip
+    best = {  # the faster of wtnmt's two modes, round by round
+        b: [max(x, y) for x, y in zip(ratios("wtnmt weighted fp32", b, "ct2 int8"),
+                                      ratios("wtnmt weighted int8", b, "ct2 int8"), strict=True)]
+        for b in (1, 5)
+    }  # fmt: skip
+    fp32 = {b: ratios("wtnmt weighted fp32", b, "ct2 float32") for b in (1, 5)}
     print(
         "vs CT2: WT fp32/CT2 fp32 "
-        f"beam5 {med[('wtnmt weighted fp32', 5)] / med[('ct2 float32', 5)]:.2f} "
-        f"greedy {med[('wtnmt weighted fp32', 1)] / med[('ct2 float32', 1)]:.2f}  "
-        f"best WT/CT2 int8 beam5 {best[5] / med[('ct2 int8', 5)]:.2f} "
-        f"greedy {best[1] / med[('ct2 int8', 1)]:.2f}"
+        f"beam5 {statistics.median(fp32[5]):.2f} greedy {statistics.median(fp32[1]):.2f}  "
+        f"best WT/CT2 int8 beam5 {statistics.median(best[5]):.2f} "
+        f"greedy {statistics.median(best[1]):.2f}"
     )
 
 
