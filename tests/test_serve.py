@@ -22,6 +22,7 @@ from serving import LiveServer, metric, train_tiny_run
 from wtnmt import Translator
 from wtnmt.cli import main as cli
 from wtnmt.model import BranchWeights, branch_weight_table, count_parameters
+from wtnmt.model.packed import int8_available
 from wtnmt.serve.app import create_app
 from wtnmt.serve.settings import ServeSettings
 
@@ -58,6 +59,7 @@ def test_health_ready_and_model(client, translator):
     assert ready.json() == {"status": "ready"}
     info = client.get("/v1/model").json()
     assert info["parameters"] == count_parameters(translator.model)
+    assert info["quantize"] == "none"
     assert info["vocabulary_size"] == len(translator.vocab) == 60
     assert (info["source_language"], info["target_language"]) == ("xx", "yy")
     assert info["architecture"] == "weighted-transformer"
@@ -439,6 +441,10 @@ def test_openapi_documents_the_api(client):
             "--device",
         ),
         (["--threads", "0"], "--threads 0: must be at least 1"),
+        (
+            ["--quantize", "int8", "--device", "cuda"],
+            "--quantize int8 decodes on the CPU only, not --device cuda",
+        ),
         (["--api-key", " "], "the API key (--api-key or $WTNMT_API_KEY) is empty"),
     ],
 )
@@ -458,10 +464,14 @@ def test_serve_refuses_a_busy_port_and_a_missing_run(run_dir, tmp_path, capsys):
     assert f"{tmp_path / 'nothing'}: no such run directory" in capsys.readouterr().err
 
 
-def test_wtnmt_serve_runs_as_the_readme_says(run_dir):
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_wtnmt_serve_runs_as_the_readme_says(run_dir, quantize):
+    if quantize == "int8" and not int8_available():
+        pytest.skip("this PyTorch build has no FBGEMM int8 linear")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = ["serve", str(run_dir), "--port", "0", "--threads", "1", "--quantize", quantize]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "wtnmt.cli", "serve", str(run_dir), "--port", "0", "--threads", "1"],
+        [sys.executable, "-m", "wtnmt.cli", *command],
         stderr=subprocess.PIPE,
         text=True,
         env=env,
@@ -474,8 +484,11 @@ def test_wtnmt_serve_runs_as_the_readme_says(run_dir):
         while httpx.get(url + "/ready").status_code != 200:
             assert time.monotonic() < deadline
             time.sleep(0.1)
+        assert httpx.get(url + "/v1/model").json()["quantize"] == quantize
+        # (int8 quantises each batch's activations as a whole: one sentence, batched alone)
         r = httpx.post(url + "/v1/translate", json={"text": SENTENCES[0]})
-        assert r.json() == {"translations": Translator.load(run_dir).translate([SENTENCES[0]])}
+        expected = Translator.load(run_dir, quantize=quantize).translate([SENTENCES[0]])
+        assert r.json() == {"translations": expected}
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0

@@ -179,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
         "serve extra: pip install 'wtnmt[serve]'.",
     )
     add_serve_arguments(p)
+    _add_quantize(p)
     p.set_defaults(func=cmd_serve)
 
     p = commands.add_parser(

@@ -116,21 +116,16 @@ def nbest_lines(index: int, options, n: int) -> list[str]:  # type: ignore[no-un
     return lines + [f"{index} |||  ||| -inf"] * (n - len(lines))
 
 
-def _check_quantize(args: argparse.Namespace) -> None:
-    if args.quantize == "int8" and args.device != "cpu":
-        raise ConfigError(f"--quantize int8 decodes on the CPU only, not --device {args.device}")
-
-
 def cmd_translate(args: argparse.Namespace) -> int:
     from wtnmt.data.io import stream_lines
-    from wtnmt.runtime import check_device, tune_cpu_allocator
+    from wtnmt.runtime import check_device, check_quantize, tune_cpu_allocator
 
     for option in ("beam", "nbest", "chunk", "threads"):  # all before the model is loaded
         value = getattr(args, option)
         if value is not None and value < 1:
             raise ConfigError(f"--{option} {value}: must be at least 1")
+    check_quantize(args.quantize, args.device)
     check_device(args.device)
-    _check_quantize(args)
     if args.output:
         _check_output_file(args.output)
 
@@ -186,9 +181,9 @@ def _update_scores(path: Path, scores: dict) -> None:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from wtnmt.decode.evaluate import paired_bootstrap, score_corpus
     from wtnmt.decode.translator import Translator
-    from wtnmt.runtime import tune_cpu_allocator
+    from wtnmt.runtime import check_quantize, tune_cpu_allocator
 
-    _check_quantize(args)
+    check_quantize(args.quantize, args.device)
     tune_cpu_allocator()
     translator = Translator.load(args.run_dir, device=args.device, quantize=args.quantize)
     if args.corpus:

@@ -70,6 +70,14 @@ def check_device(device: str) -> None:
         raise ConfigError(f"--device {device}: this machine has no CUDA device; use --device cpu")
 
 
+def check_quantize(quantize: str, device: str) -> None:
+    """int8 decoding is for the CPU: a one-line ConfigError for another device."""
+    from wtnmt.config import ConfigError
+
+    if quantize != "none" and device != "cpu":
+        raise ConfigError(f"--quantize {quantize} decodes on the CPU only, not --device {device}")
+
+
 @functools.cache
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU multiplies bf16 in hardware (x86 AVX512-BF16 or AMX-BF16, Arm BF16):

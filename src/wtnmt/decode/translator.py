@@ -46,8 +46,10 @@ class Translator:
         vocab: Vocabulary,
         config: RunConfig,  # type: ignore[no-untyped-def]
         device: torch.device,
+        quantize: Literal["none", "int8"] = "none",
     ) -> None:
         self.model, self.vocab, self.config, self.device = model.eval(), vocab, config, device
+        self.quantize = quantize  # how its linear layers decode (quantize_decoding)
         self.max_source = model.positions.max_positions - 1  # room for EOS
         # whether there are κ, α to show or override (a Weighted Transformer)
         self.has_branch_weights = any(isinstance(m, BranchWeights) for m in model.modules())
@@ -65,7 +67,7 @@ class Translator:
         config, vocab, model = load_run(run_dir, weights=weights)
         if quantize != "none":
             quantize_decoding(model, quantize)
-        return cls(model.to(device), vocab, config, torch.device(device))
+        return cls(model.to(device), vocab, config, torch.device(device), quantize)
 
     def set_branch_weights(self, how: str, *, seed: int = 0) -> None:
         """Replace κ, α by ``uniform`` or ``random`` ones (paper Table 3); reload to undo."""

@@ -315,6 +315,7 @@ def model_info(
         "name": name,
         "architecture": "weighted-transformer" if table else "transformer",
         "parameters": count_parameters(translator.model),
+        "quantize": translator.quantize,  # "int8": linear layers decode in int8
         "source_language": translator.config.data.src_lang,
         "target_language": translator.config.data.tgt_lang,
         "vocabulary_size": len(translator.vocab),
