@@ -120,21 +120,25 @@ def cmd_translate(args: argparse.Namespace) -> int:
     from wtnmt.data.io import stream_lines
     from wtnmt.runtime import check_device, check_quantize, tune_cpu_allocator
 
-    for option in ("beam", "nbest", "chunk", "threads"):  # all before the model is loaded
+    for option in ("beam", "nbest", "chunk", "threads", "workers"):  # before the model loads
         value = getattr(args, option)
         if value is not None and value < 1:
             raise ConfigError(f"--{option} {value}: must be at least 1")
     check_quantize(args.quantize, args.device)
     check_device(args.device)
+    if args.workers > 1 and args.device != "cpu":
+        raise ConfigError(
+            f"--workers {args.workers} decodes on the CPU only, not --device {args.device}"
+        )
     if args.output:
         _check_output_file(args.output)
+
+    import torch
 
     from wtnmt.decode.translator import Translator
 
     tune_cpu_allocator()
     if args.threads:
-        import torch
-
         torch.set_num_threads(args.threads)
     translator = Translator.load(args.run_dir, device=args.device, quantize=args.quantize)
     beam = args.beam or translator.config.decode.beam
@@ -144,6 +148,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
         raise ConfigError(f"{given} is more than the beam size {beam}: raise --beam")
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     try:
+        if args.workers > 1:  # the threads shared among them
+            threads = max(1, torch.get_num_threads() // args.workers)
+            translator.start_workers(args.workers, threads=threads)
         # each chunk is translated as soon as it is read, and its output flushed
         for first, chunk in stream_lines(args.input, chunk=args.chunk):
             results = translator.translate_nbest(
@@ -160,6 +167,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
                 out.write("".join(line + "\n" for line in lines))
             out.flush()
     finally:
+        translator.close()
         if out is not sys.stdout:
             out.close()
     return 0

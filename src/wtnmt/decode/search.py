@@ -313,3 +313,23 @@ def beam_search(
         scores = top
         stepper.reorder(index, sentences)
     return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
+
+
+def search_batch(
+    model,  # type: ignore[no-untyped-def]
+    src: Tensor,
+    *,
+    beam: int,
+    nbest: int = 1,
+    alpha: float = 0.6,
+    max_len_a: float = 1.5,
+    max_len_b: int = 10,
+    min_len: int = 0,
+    max_len: int | None = None,
+) -> list[list[Hypothesis]]:
+    """The ``nbest`` best hypotheses of each sentence of ``src``: greedy search when
+    beam = nbest = 1, beam search otherwise."""
+    limits = {"max_len_a": max_len_a, "max_len_b": max_len_b, "min_len": min_len}
+    if beam == 1 and nbest == 1:
+        return [[h] for h in greedy_search(model, src, **limits, max_len=max_len)]
+    return beam_search(model, src, beam=beam, nbest=nbest, alpha=alpha, **limits, max_len=max_len)

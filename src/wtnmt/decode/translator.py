@@ -22,7 +22,8 @@ import torch
 from wtnmt.config import RunConfig
 from wtnmt.data.vocab import Vocabulary
 from wtnmt.decode.attention import LayerAttention, cross_attention
-from wtnmt.decode.search import Hypothesis, beam_search, greedy_search
+from wtnmt.decode.search import search_batch
+from wtnmt.decode.workers import SearchWorkers
 from wtnmt.model import BranchWeights, override_branch_weights, quantize_decoding
 from wtnmt.rundir import load_run
 from wtnmt.special import BOS, EOS, PAD
@@ -50,6 +51,7 @@ class Translator:
     ) -> None:
         self.model, self.vocab, self.config, self.device = model.eval(), vocab, config, device
         self.quantize = quantize  # how its linear layers decode (quantize_decoding)
+        self._workers: SearchWorkers | None = None  # start_workers
         self.max_source = model.positions.max_positions - 1  # room for EOS
         # whether there are κ, α to show or override (a Weighted Transformer)
         self.has_branch_weights = any(isinstance(m, BranchWeights) for m in model.modules())
@@ -70,7 +72,9 @@ class Translator:
         return cls(model.to(device), vocab, config, torch.device(device), quantize)
 
     def set_branch_weights(self, how: str, *, seed: int = 0) -> None:
-        """Replace κ, α by ``uniform`` or ``random`` ones (paper Table 3); reload to undo."""
+        """Replace κ, α by ``uniform`` or ``random`` ones (paper Table 3); reload to undo.
+        Stops the decoding workers (they hold the learned ones)."""
+        self.close()
         override_branch_weights(self.model, how, seed=seed)  # type: ignore[arg-type]
 
     # ---------------------------------------------------------------------------------------
@@ -144,41 +148,48 @@ class Translator:
         """``translate_nbest`` of sentences already encoded (``encode``): batches sorted by
         length under ``batch_tokens`` padded source tokens (default: decode.batch_tokens)."""
         d = self.config.decode
-        beam = d.beam if beam is None else beam
+        options = {
+            "beam": d.beam if beam is None else beam,
+            "nbest": nbest,
+            "alpha": d.length_penalty,
+            "max_len_a": d.max_len_a,
+            "max_len_b": d.max_len_b,
+            "min_len": min_len,
+            "max_len": max_len,
+        }
         results: list[list[Translation]] = [[Translation("", 0.0)] for _ in ids]
-        for batch in self._batches(ids, batch_tokens or d.batch_tokens):
-            src = self._tensor([ids[i] for i in batch])
-            hyps: list[list[Hypothesis]]
-            if beam == 1 and nbest == 1:
-                hyps = [
-                    [h]
-                    for h in greedy_search(
-                        self.model,
-                        src,
-                        max_len_a=d.max_len_a,
-                        max_len_b=d.max_len_b,
-                        min_len=min_len,
-                        max_len=max_len,
-                    )
-                ]
-            else:
-                hyps = beam_search(
-                    self.model,
-                    src,
-                    beam=beam,
-                    nbest=nbest,
-                    alpha=d.length_penalty,
-                    max_len_a=d.max_len_a,
-                    max_len_b=d.max_len_b,
-                    min_len=min_len,
-                    max_len=max_len,
-                )
-            for i, options in zip(batch, hyps, strict=True):
+        batches = self._batches(ids, batch_tokens or d.batch_tokens)
+        sources = [self._tensor([ids[i] for i in batch]) for batch in batches]
+        if self._workers is not None:
+            found = self._workers.search(sources, **options)
+        else:
+            found = (search_batch(self.model, src, **options) for src in sources)
+        for batch, hyps in zip(batches, found, strict=True):
+            for i, best in zip(batch, hyps, strict=True):
                 results[i] = [
-                    Translation(self.vocab.decode(h.tokens), h.score, tuple(h.tokens))
-                    for h in options
+                    Translation(self.vocab.decode(h.tokens), h.score, tuple(h.tokens)) for h in best
                 ]
         return results
+
+    def start_workers(self, workers: int, *, threads: int = 1) -> None:
+        """Decode on ``workers`` processes of ``threads`` threads each, every one searching
+        whole batches (decode/workers.py), until ``close``. CPU only."""
+        if self.device.type != "cpu":
+            raise ValueError(f"decoding workers run on the CPU, not {self.device}")
+        self.close()
+        self._workers = SearchWorkers(
+            self.model,
+            model_config=self.config.model,
+            int8=self.quantize == "int8",
+            workers=workers,
+            threads=threads,
+        )
+
+    def close(self) -> None:
+        """Stop the decoding workers, if any (decoding goes on in this process)."""
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
 
     def cross_attention(
         self, sources: list[list[int]], outputs: list[list[int]]

@@ -1,0 +1,84 @@
+"""Decoding on worker processes, each searching whole batches on its own core(s).
+
+A decoding step on a CPU is a few hundred small operations, and splitting each of them across
+cores pays a fork-join per operation: on 2 cores, greedy search of batches of 32 sentences
+(the `small` Weighted Transformer, int8) ran only 1.17× faster on 2 threads than on 1, and
+beam 5 1.39×. Two single-threaded workers, each decoding its own batches, translated 1.54×
+(greedy) and 1.18× (beam 5) as many sentences a second as one process on 2 threads. This is
+how Marian (``--cpu-threads``) and CTranslate2 (``inter_threads``) decode on CPUs.
+
+Workers are spawned processes (not threads: Python's interpreter lock would serialise the
+search's many small calls). Each rebuilds the model from its config and weights, sent once
+when it starts, and keeps it for its life; batches go out as token ids and come back as
+hypotheses, in order. For many sentences (a file), not one: starting a worker takes seconds.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from wtnmt.decode.search import Hypothesis, search_batch
+
+_model: torch.nn.Module | None = None  # a worker's model, built once by _start
+
+
+def _start(model_config: Any, vocab_size: int, state: dict, int8: bool, threads: int) -> None:
+    global _model
+    from wtnmt.model import build_model, quantize_decoding
+    from wtnmt.runtime import tune_cpu_allocator
+
+    torch.set_num_threads(threads)
+    tune_cpu_allocator()
+    model = build_model(model_config, vocab_size=vocab_size)
+    model.load_state_dict(state)
+    if int8:
+        quantize_decoding(model, "int8")
+    _model = model.eval()
+
+
+def _search(job: tuple[Tensor, dict]) -> list[list[Hypothesis]]:
+    src, options = job
+    assert _model is not None, "a worker searches only after _start"
+    return search_batch(_model, src, **options)
+
+
+class SearchWorkers:
+    """``workers`` processes, each holding a copy of ``model`` (CPU) and decoding on
+    ``threads`` threads. ``int8``: its linear layers decode in int8 (quantize_decoding)."""
+
+    def __init__(
+        self, model, *, model_config: Any, int8: bool, workers: int, threads: int = 1
+    ) -> None:  # type: ignore[no-untyped-def]
+        if workers < 1 or threads < 1:
+            raise ValueError(f"workers={workers}, threads={threads}: each must be at least 1")
+        state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+        vocab_size = model.embedding.weight.size(0)
+        self.workers = workers
+        self._pool = ProcessPoolExecutor(
+            workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_start,
+            initargs=(model_config, vocab_size, state, int8, threads),
+        )
+
+    def search(self, sources: Sequence[Tensor], **options: Any) -> Iterator[list[list[Hypothesis]]]:
+        """``search_batch(model, src, **options)`` for each batch of ``sources``, in order."""
+        return self._pool.map(_search, [(src.cpu(), options) for src in sources])
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> SearchWorkers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["SearchWorkers"]

@@ -1,0 +1,85 @@
+"""Decoding on worker processes (`translate --workers N`, Translator.start_workers): the same
+translations, in the same order, as decoding in this process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import sentence, tiny_run_config
+from wtnmt import Translator
+from wtnmt.cli import main as cli
+from wtnmt.model.packed import int8_available
+from wtnmt.train import Trainer
+
+SENTENCES = [sentence(50_000 + i, 2 + i % 7) for i in range(30)] + ["", sentence(7, 3)]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("workers")
+    config = tiny_run_config(
+        tmp,
+        n_train=400,
+        train={"max_steps": 200, "valid_every": 1000, "max_tokens": 600, "lr_scale": 2.0},
+        model={"d_model": 64, "d_ff": 128},
+    )
+    Trainer(config, tmp / "run", log_to_stderr=False).run()
+    return tmp / "run"
+
+
+def _translate(translator: Translator) -> list[list[tuple[str, float]]]:
+    """Greedy and beam 4 (2 best) over small batches, so that every worker gets several."""
+    ids = translator.encode(SENTENCES)
+    out = []
+    for beam, nbest in ((1, 1), (4, 2)):
+        found = translator.translate_ids(ids, beam=beam, nbest=nbest, batch_tokens=40)
+        out += [[(t.text, round(t.score, 4)) for t in options] for options in found]
+    return out
+
+
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_workers_translate_as_this_process_does(run_dir, quantize):
+    if quantize == "int8" and not int8_available():
+        pytest.skip("this PyTorch build has no FBGEMM int8 linear")
+    translator = Translator.load(run_dir, quantize=quantize)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each worker decodes
+    try:
+        expected = _translate(translator)
+    finally:
+        torch.set_num_threads(threads)
+    translator.start_workers(2)
+    try:
+        assert _translate(translator) == expected
+        assert len({t for options in expected for t, _ in options}) > 10  # they differ
+    finally:
+        translator.close()
+    assert _translate(translator) == expected  # closed: decoding goes on in this process
+
+
+def test_replacing_branch_weights_stops_the_workers_that_hold_the_learned_ones(run_dir):
+    translator = Translator.load(run_dir)
+    translator.start_workers(1)
+    translator.set_branch_weights("uniform")
+    assert translator._workers is None
+    uniform = Translator.load(run_dir)
+    uniform.set_branch_weights("uniform")
+    assert translator.translate(SENTENCES) == uniform.translate(SENTENCES)
+
+
+def test_translate_with_workers_from_the_command_line(run_dir, tmp_path, capsys):
+    source = tmp_path / "src.txt"
+    source.write_text("".join(s + "\n" for s in SENTENCES))
+    args = ["translate", str(run_dir), "--input", str(source), "--threads", "2"]
+    assert cli([*args, "--output", str(tmp_path / "one.txt")]) == 0
+    assert cli([*args, "--workers", "2", "--output", str(tmp_path / "two.txt")]) == 0
+    assert (tmp_path / "two.txt").read_text() == (tmp_path / "one.txt").read_text()
+    capsys.readouterr()
+    assert cli([*args, "--workers", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err == "wtnmt translate: error: --workers 0: must be at least 1\n"
+    assert cli([*args, "--workers", "2", "--device", "cuda"]) == 2  # CPU only, or no CUDA
+    assert capsys.readouterr().err.count("\n") == 1
