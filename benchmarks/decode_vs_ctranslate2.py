@@ -28,8 +28,12 @@ converted on the main thread, whose threads live as long as the thread) stops it
 spin-waiting: small operations then get much slower.
 
 wtnmt's entries: the Weighted Transformer (`weighted-small`, what wtnmt is for) and the
-Transformer above, each in float32 and with ``--quantize int8`` decoding. The last line reads
-`vs CT2: WT fp32/CT2 fp32 beam5 A greedy B  best WT/CT2 int8 beam5 C greedy D`.
+Transformer above, each in float32 and with ``--quantize int8`` decoding, in one process on
+the threads. Then both engines with 2 workers of one thread each, every worker decoding its
+own batches (`translate --workers 2`; CTranslate2's inter_threads=2, intra_threads=1), each
+ratio "x2" taken against CTranslate2 in that same configuration. The last two lines read
+`vs CT2, 1 process: WT fp32/CT2 fp32 beam5 A greedy B  best WT/CT2 int8 beam5 C greedy D` and
+the same with 2 workers each.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from train_speed import ROOT, build_data
 from wtnmt.config import load_config
 from wtnmt.data import ParallelData
 from wtnmt.decode import beam_search, greedy_search
+from wtnmt.decode.workers import SearchWorkers
 from wtnmt.model import build_model, quantize_decoding
 from wtnmt.runtime import tune_cpu_allocator
 from wtnmt.special import EOS
@@ -64,6 +69,7 @@ from wtnmt.special import EOS
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]  # wtnmt's ids 0-3 (wtnmt.special)
 # wtnmt's search never outputs padding or BOS: CTranslate2 is told the same
 NEVER = [["<pad>"], ["<s>"]]
+BATCH = 32  # sentences a batch
 
 
 # ------------------------------------------------------------------------------------------
@@ -164,10 +170,11 @@ def _in_helper_thread(work) -> object:  # type: ignore[no-untyped-def]
     return box.get("value")
 
 
-def load_translator(path: Path, threads: int):  # type: ignore[no-untyped-def]
+def load_translator(path: Path, threads: int, workers: int = 1):  # type: ignore[no-untyped-def]
+    """``workers`` > 1: that many batches decoded at once, on threads/workers threads each."""
     return _in_helper_thread(
         lambda: ctranslate2.Translator(
-            str(path), device="cpu", inter_threads=1, intra_threads=threads
+            str(path), device="cpu", inter_threads=workers, intra_threads=threads // workers
         )
     )
 
@@ -188,6 +195,12 @@ def run_wtnmt(model, inputs: list[torch.Tensor], beam: int) -> tuple[float, int]
     return time.perf_counter() - start, n
 
 
+def run_workers(pool: SearchWorkers, inputs: list[torch.Tensor], beam: int) -> tuple[float, int]:
+    start = time.perf_counter()
+    found = list(pool.search(inputs, beam=beam, min_len=LENGTH, max_len=LENGTH))
+    return time.perf_counter() - start, sum(len(h[0].tokens) for hyps in found for h in hyps)
+
+
 def as_tokens(inputs: list[torch.Tensor], tokens: list[str]) -> list[list[list[str]]]:
     """The same batches as piece strings, each source ending with EOS as wtnmt's do."""
     out = []
@@ -201,14 +214,18 @@ def as_tokens(inputs: list[torch.Tensor], tokens: list[str]) -> list[list[list[s
 
 
 def run_ct2(translator, inputs: list[list[list[str]]], beam: int) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+    """Batch by batch; with several workers (inter_threads), all batches in one call, which
+    CTranslate2 cuts into batches of 32 again and shares among its workers."""
     start, n = time.perf_counter(), 0
+    if translator.num_translators > 1:
+        inputs = [[row for rows in inputs for row in rows]]
     for rows in inputs:
         results = translator.translate_batch(
             rows,
             beam_size=beam,
             min_decoding_length=LENGTH,
             max_decoding_length=LENGTH,
-            max_batch_size=len(rows),
+            max_batch_size=BATCH,
             suppress_sequences=NEVER,
         )
         n += sum(len(r.hypotheses[0]) for r in results)
@@ -255,7 +272,7 @@ def main() -> None:
     tokens = SPECIALS + [line.split("\t")[0] for line in raw]
     assert len(tokens) == vocab_size and not set(SPECIALS) & set(tokens[4:])
     data = ParallelData(args.work / "prepared", "test")
-    inputs = batches(data, args.limit, 32)
+    inputs = batches(data, args.limit, BATCH)
     expected = LENGTH * min(args.limit, len(data))
 
     models = {}
@@ -281,7 +298,25 @@ def main() -> None:
         del translator
         gc.collect()
         ct2_inputs = as_tokens(inputs, tokens)
-        rates = timed_rounds(args, models, quantized, paths, inputs, ct2_inputs, expected)
+        pools = {  # started (and their models built) before any timing
+            p: SearchWorkers(
+                models["weighted"],
+                model_config=load_config("weighted-small").model,
+                int8=p == "int8",
+                workers=WORKERS,
+                threads=args.threads // WORKERS,
+            )
+            for p in ("fp32", "int8")
+        }
+        for pool in pools.values():
+            run_workers(pool, inputs[: 2 * WORKERS], 5)
+        try:
+            rates = timed_rounds(
+                args, models, quantized, pools, paths, inputs, ct2_inputs, expected
+            )
+        finally:
+            for pool in pools.values():
+                pool.close()
     report(rates, args)
 
 
@@ -289,10 +324,16 @@ ENTRIES = [
     *(f"wtnmt {f} {p}" for f in ("weighted", "transformer") for p in ("fp32", "int8")),
     "ct2 float32",
     "ct2 int8",
+    # both engines with 2 workers of 1 thread each, each worker decoding its own batches
+    "wtnmt weighted fp32 x2",
+    "wtnmt weighted int8 x2",
+    "ct2 float32 x2",
+    "ct2 int8 x2",
 ]
+WORKERS = 2
 
 
-def timed_rounds(args, models, quantized, paths, inputs, ct2_inputs, expected):  # type: ignore[no-untyped-def]
+def timed_rounds(args, models, quantized, pools, paths, inputs, ct2_inputs, expected):  # type: ignore[no-untyped-def]
     """{(entry, beam): [output tokens/s of each round]}, the entries interleaved group by
     group (see the module docstring)."""
     groups = [range(i, min(i + args.group, len(inputs))) for i in range(0, len(inputs), args.group)]
@@ -303,17 +344,23 @@ def timed_rounds(args, models, quantized, paths, inputs, ct2_inputs, expected): 
         for g, group in enumerate(groups):
             shift = (r * len(groups) + g) % len(ENTRIES)
             for entry in ENTRIES[shift:] + ENTRIES[:shift]:
-                translator = None
-                if entry.startswith("ct2"):  # one translator alive at a time
-                    translator = load_translator(paths[entry.split()[1]], args.threads)
+                translator = pool = model = None
+                engine, *what, last = entry.split()
+                workers = WORKERS if last == "x2" else 1
+                if engine == "ct2":  # one translator alive at a time
+                    precision = what[0] if workers > 1 else last
+                    translator = load_translator(paths[precision], args.threads, workers)
                     run_ct2(translator, ct2_inputs[:1], 5)  # warm-up, untimed
+                elif workers > 1:
+                    pool = pools[what[1]]
                 else:
-                    _, flavour, precision = entry.split()
-                    model = (models if precision == "fp32" else quantized)[flavour]
+                    model = (models if last == "fp32" else quantized)[what[0]]
                 time.sleep(args.pause)  # the last entry's spinning threads go to sleep
                 for beam in (1, 5):
                     if translator is not None:
                         s, n = run_ct2(translator, [ct2_inputs[i] for i in group], beam)
+                    elif pool is not None:
+                        s, n = run_workers(pool, [inputs[i] for i in group], beam)
                     else:
                         s, n = run_wtnmt(model, [inputs[i] for i in group], beam)
                     seconds[(entry, beam)] += s
@@ -345,23 +392,28 @@ def report(rates: dict[tuple[str, int], list[float]], args: argparse.Namespace) 
     print(f"  {'entry':24s} {'greedy':>7s} {'beam 5':>7s}   ×CT2 f32 greedy / beam 5"
           "            ×CT2 int8 greedy / beam 5")  # fmt: skip
     for entry in ENTRIES:
+        x2 = " x2" if entry.endswith(" x2") else ""  # against CTranslate2 with as many workers
         cells = [
-            span(ratios(entry, b, base)) for base in ("ct2 float32", "ct2 int8") for b in (1, 5)
+            span(ratios(entry, b, base + x2))
+            for base in ("ct2 float32", "ct2 int8")
+            for b in (1, 5)
         ]
         print(f"  {entry:24s} {med[(entry, 1)]:7.0f} {med[(entry, 5)]:7.0f}   "
               f"{cells[0]} / {cells[1]}   {cells[2]} / {cells[3]}")  # fmt: skip
-    best = {  # the faster of wtnmt's two modes, round by round
-        b: [max(x, y) for x, y in zip(ratios("wtnmt weighted fp32", b, "ct2 int8"),
-                                      ratios("wtnmt weighted int8", b, "ct2 int8"), strict=True)]
-        for b in (1, 5)
-    }  # fmt: skip
-    fp32 = {b: ratios("wtnmt weighted fp32", b, "ct2 float32") for b in (1, 5)}
-    print(
-        "vs CT2: WT fp32/CT2 fp32 "
-        f"beam5 {statistics.median(fp32[5]):.2f} greedy {statistics.median(fp32[1]):.2f}  "
-        f"best WT/CT2 int8 beam5 {statistics.median(best[5]):.2f} "
-        f"greedy {statistics.median(best[1]):.2f}"
-    )
+    for x2, label in (("", "1 process"), (" x2", f"{WORKERS} workers each")):
+        best = {  # the faster of wtnmt's two modes, round by round
+            b: [max(x, y) for x, y in zip(ratios(f"wtnmt weighted fp32{x2}", b, f"ct2 int8{x2}"),
+                                          ratios(f"wtnmt weighted int8{x2}", b, f"ct2 int8{x2}"),
+                                          strict=True)]
+            for b in (1, 5)
+        }  # fmt: skip
+        fp32 = {b: ratios(f"wtnmt weighted fp32{x2}", b, f"ct2 float32{x2}") for b in (1, 5)}
+        print(
+            f"vs CT2, {label}: WT fp32/CT2 fp32 "
+            f"beam5 {statistics.median(fp32[5]):.2f} greedy {statistics.median(fp32[1]):.2f}  "
+            f"best WT/CT2 int8 beam5 {statistics.median(best[5]):.2f} "
+            f"greedy {statistics.median(best[1]):.2f}"
+        )
 
 
 if __name__ == "__main__":
