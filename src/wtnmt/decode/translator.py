@@ -24,7 +24,12 @@ from wtnmt.data.vocab import Vocabulary
 from wtnmt.decode.attention import LayerAttention, cross_attention
 from wtnmt.decode.search import search_batch
 from wtnmt.decode.workers import SearchWorkers
-from wtnmt.model import BranchWeights, override_branch_weights, quantize_decoding
+from wtnmt.model import (
+    BranchWeights,
+    decoding_mode,
+    override_branch_weights,
+    quantize_decoding,
+)
 from wtnmt.rundir import load_run
 from wtnmt.special import BOS, EOS, PAD
 
@@ -47,10 +52,8 @@ class Translator:
         vocab: Vocabulary,
         config: RunConfig,  # type: ignore[no-untyped-def]
         device: torch.device,
-        quantize: Literal["none", "int8"] = "none",
     ) -> None:
         self.model, self.vocab, self.config, self.device = model.eval(), vocab, config, device
-        self.quantize = quantize  # how its linear layers decode (quantize_decoding)
         self._workers: SearchWorkers | None = None  # start_workers
         self.max_source = model.positions.max_positions - 1  # room for EOS
         # whether there are κ, α to show or override (a Weighted Transformer)
@@ -69,7 +72,12 @@ class Translator:
         config, vocab, model = load_run(run_dir, weights=weights)
         if quantize != "none":
             quantize_decoding(model, quantize)
-        return cls(model.to(device), vocab, config, torch.device(device), quantize)
+        return cls(model.to(device), vocab, config, torch.device(device))
+
+    @property
+    def quantize(self) -> Literal["none", "int8"]:
+        """How the model's linear layers decode (``quantize_decoding``)."""
+        return decoding_mode(self.model)
 
     def set_branch_weights(self, how: str, *, seed: int = 0) -> None:
         """Replace κ, α by ``uniform`` or ``random`` ones (paper Table 3); reload to undo.

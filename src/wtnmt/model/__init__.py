@@ -14,7 +14,7 @@ from wtnmt.model.outputs import (
     ModelInternals,
     ModelOutput,
 )
-from wtnmt.model.packed import quantize_decoding
+from wtnmt.model.packed import decoding_mode, quantize_decoding
 from wtnmt.model.simplex import project_branch_weights, project_simplex
 from wtnmt.model.transformer import DecoderCache, Seq2Seq, count_parameters
 
@@ -31,6 +31,7 @@ __all__ = [
     "branch_weights_overridden",
     "build_model",
     "count_parameters",
+    "decoding_mode",
     "override_branch_weights",
     "project_branch_weights",
     "project_simplex",

@@ -144,4 +144,19 @@ def quantize_decoding(model: torch.nn.Module, mode: Literal["none", "int8"]) -> 
     return switched
 
 
-__all__ = ["PackedLinear", "int8_available", "onednn_available", "quantize_decoding"]
+def decoding_mode(model: torch.nn.Module) -> Literal["none", "int8"]:
+    """How ``model``'s linear layers decode: ``"int8"`` once quantize_decoding switched them."""
+    for module in model.modules():
+        for value in vars(module).values():
+            if isinstance(value, PackedLinear) and value.int8:
+                return "int8"
+    return "none"
+
+
+__all__ = [
+    "PackedLinear",
+    "decoding_mode",
+    "int8_available",
+    "onednn_available",
+    "quantize_decoding",
+]
