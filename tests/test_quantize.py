@@ -74,7 +74,9 @@ def test_int8_is_off_by_default_and_agrees_with_float32_on_most_tokens(trained):
             total += max(len(x.ids), len(y.ids))
     assert total > 500
     assert agree / total >= 0.9, f"int8 agrees with float32 on {agree}/{total} tokens"
+    assert quantized.quantize == "int8"
     quantize_decoding(quantized.model, "none")  # and back: float32 exactly
+    assert quantized.quantize == "none"
     assert quantized.translate(sources, beam=4) == exact.translate(sources, beam=4)
 
 

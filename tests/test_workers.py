@@ -45,6 +45,7 @@ def test_workers_translate_as_this_process_does(run_dir, quantize):
     if quantize == "int8" and not int8_available():
         pytest.skip("this PyTorch build has no FBGEMM int8 linear")
     translator = Translator.load(run_dir, quantize=quantize)
+    assert translator.quantize == quantize  # what the workers will rebuild
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each worker decodes
     try:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Iterator
 from typing import Literal
 
 import torch
@@ -135,22 +136,24 @@ def quantize_decoding(model: torch.nn.Module, mode: Literal["none", "int8"]) -> 
     if mode == "int8" and not int8_available():
         raise RuntimeError("int8 decoding needs PyTorch's FBGEMM backend (x86 CPU builds)")
     switched = 0
-    for module in model.modules():
-        for value in vars(module).values():
-            if isinstance(value, PackedLinear):
-                value.int8 = mode == "int8"
-                value._packed = value._key = None
-                switched += 1
+    for linear in _packed_linears(model):
+        linear.int8 = mode == "int8"
+        linear._packed = linear._key = None
+        switched += 1
     return switched
 
 
 def decoding_mode(model: torch.nn.Module) -> Literal["none", "int8"]:
     """How ``model``'s linear layers decode: ``"int8"`` once quantize_decoding switched them."""
+    return "int8" if any(linear.int8 for linear in _packed_linears(model)) else "none"
+
+
+def _packed_linears(model: torch.nn.Module) -> Iterator[PackedLinear]:
+    """The PackedLinear of every module (plain attributes, not submodules)."""
     for module in model.modules():
         for value in vars(module).values():
-            if isinstance(value, PackedLinear) and value.int8:
-                return "int8"
-    return "none"
+            if isinstance(value, PackedLinear):
+                yield value
 
 
 __all__ = [
