@@ -121,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         type=int,
         default=1,
+        metavar="N",
         help="decode on N processes, each searching whole batches on its share of --threads "
         "(CPU; faster on many sentences, seconds to start; default 1: in this process)",
     )
