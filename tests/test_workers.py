@@ -36,8 +36,16 @@ def _translate(translator: Translator) -> list[list[tuple[str, float]]]:
     out = []
     for beam, nbest in ((1, 1), (4, 2)):
         found = translator.translate_ids(ids, beam=beam, nbest=nbest, batch_tokens=40)
-        out += [[(t.text, round(t.score, 4)) for t in options] for options in found]
+        out += [[(t.text, t.score) for t in options] for options in found]
     return out
+
+
+def _same(got: list[list[tuple[str, float]]], expected: list[list[tuple[str, float]]]) -> None:
+    """The same texts, and scores equal up to float32 rounding: computed in another process,
+    a score once differed in its fourth decimal (-21.7147 against -21.7146)."""
+    assert [[t for t, _ in o] for o in got] == [[t for t, _ in o] for o in expected]
+    scores = [s for o in got for _, s in o]
+    assert scores == pytest.approx([s for o in expected for _, s in o], rel=1e-5, abs=1e-5)
 
 
 @pytest.mark.parametrize("quantize", ["none", "int8"])
@@ -54,11 +62,11 @@ def test_workers_translate_as_this_process_does(run_dir, quantize):
         torch.set_num_threads(threads)
     translator.start_workers(2)
     try:
-        assert _translate(translator) == expected
+        _same(_translate(translator), expected)
         assert len({t for options in expected for t, _ in options}) > 10  # they differ
     finally:
         translator.close()
-    assert _translate(translator) == expected  # closed: decoding goes on in this process
+    _same(_translate(translator), expected)  # closed: decoding goes on in this process
 
 
 def test_replacing_branch_weights_stops_the_workers_that_hold_the_learned_ones(run_dir):
