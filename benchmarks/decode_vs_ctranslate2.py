@@ -60,7 +60,8 @@ from decode_speed import LENGTH, batches
 from train_speed import ROOT, build_data
 from wtnmt.config import load_config
 from wtnmt.data import ParallelData
-from wtnmt.decode import beam_search, greedy_search
+from wtnmt.decode import greedy_search
+from wtnmt.decode.search import search_batch
 from wtnmt.decode.workers import SearchWorkers
 from wtnmt.model import build_model, quantize_decoding
 from wtnmt.runtime import tune_cpu_allocator
@@ -76,20 +77,14 @@ BATCH = 32  # sentences a batch
 
 
 def run_wtnmt(model, inputs: list[torch.Tensor], beam: int) -> tuple[float, int]:  # type: ignore[no-untyped-def]
-    start, n = time.perf_counter(), 0
-    for src in inputs:
-        if beam == 1:
-            hyps = greedy_search(model, src, min_len=LENGTH, max_len=LENGTH)
-            n += sum(len(h.tokens) for h in hyps)
-        else:
-            found = beam_search(model, src, beam=beam, min_len=LENGTH, max_len=LENGTH)
-            n += sum(len(h[0].tokens) for h in found)
-    return time.perf_counter() - start, n
-
-
-def run_workers(pool: SearchWorkers, inputs: list[torch.Tensor], beam: int) -> tuple[float, int]:
+    """In this process, or on ``model``'s workers when it is a SearchWorkers: the same search
+    (search_batch) either way."""
     start = time.perf_counter()
-    found = list(pool.search(inputs, beam=beam, min_len=LENGTH, max_len=LENGTH))
+    options = {"beam": beam, "min_len": LENGTH, "max_len": LENGTH}
+    if isinstance(model, SearchWorkers):
+        found = list(model.search(inputs, **options))
+    else:
+        found = [search_batch(model, src, **options) for src in inputs]
     return time.perf_counter() - start, sum(len(h[0].tokens) for hyps in found for h in hyps)
 
 
@@ -201,7 +196,7 @@ def main() -> None:
             for p in ("fp32", "int8")
         }
         for pool in pools.values():
-            run_workers(pool, inputs[: 2 * WORKERS], 5)
+            run_wtnmt(pool, inputs[: 2 * WORKERS], 5)
         try:
             rates = timed_rounds(
                 args, models, quantized, pools, paths, inputs, ct2_inputs, expected
@@ -251,10 +246,8 @@ def timed_rounds(args, models, quantized, pools, paths, inputs, ct2_inputs, expe
                 for beam in (1, 5):
                     if translator is not None:
                         s, n = run_ct2(translator, [ct2_inputs[i] for i in group], beam)
-                    elif pool is not None:
-                        s, n = run_workers(pool, [inputs[i] for i in group], beam)
                     else:
-                        s, n = run_wtnmt(model, [inputs[i] for i in group], beam)
+                        s, n = run_wtnmt(pool or model, [inputs[i] for i in group], beam)
                     seconds[(entry, beam)] += s
                     counts[(entry, beam)] += n
                 del translator
