@@ -176,6 +176,7 @@ def padding_bias(key_pad: Tensor, heads: int, dtype: torch.dtype) -> Tensor:
 
 
 _SHORT_QUERIES = 8  # query blocks up to this length skip the fused kernel (see attend)
+_CPU_SHORT_KEYS = 128  # and, on CPU without gradients, attention to up to this many keys
 
 
 def attend(
@@ -193,16 +194,22 @@ def attend(
     q: [H, B, T, Dk], k and v: [H, B, S, Dk], key_pad: [B, S] True at padding.
     Returns heads [H, B, T, Dk] and, when ``need_probs``, the probabilities [H, B, T, S]
     before dropout. Without probabilities it runs PyTorch's fused kernel
-    (scaled_dot_product_attention), except on the short query blocks of step-wise decoding.
+    (scaled_dot_product_attention), except on the short query blocks of step-wise decoding
+    and, on CPU without gradients, over short sources.
     """
     # The fused kernel pays a fixed cost per call that decoding's short query blocks (one new
     # token per hypothesis) do not recover: there two matmuls and a softmax measured 2× faster.
-    # With dropout, PyTorch's CPU kernel falls back to these same operations, with a dearer
-    # dropout mask than ours (model/dropout.py): on CPU they run here.
+    # On CPU without gradients its blocked loops lose to the same two matmuls up to ~100 keys:
+    # [4, 32, 25, 64] 361 against 599 µs, [4, 32, 60, 64] 1.3 against 1.9 ms, [4, 8, 150, 64]
+    # 5.9 against 3.1 ms (2 cores). With dropout, PyTorch's CPU kernel falls back to these
+    # same operations, with a dearer dropout mask than ours (model/dropout.py): on CPU they
+    # run here.
     if causal and key_pad is not None:  # pragma: no cover - the model never asks for both
         raise ValueError("attend: causal attention with a key padding mask is not supported")
     fused = q.size(-2) > _SHORT_QUERIES or dropout_p > 0
-    if dropout_p > 0 and q.device.type == "cpu":
+    if q.device.type == "cpu" and (
+        dropout_p > 0 or (k.size(-2) <= _CPU_SHORT_KEYS and not torch.is_grad_enabled())
+    ):
         fused = False
     if not need_probs and fused:
         mask = None if key_pad is None else ~key_pad[None, :, None, :]  # [1,B,1,S] True=attend
