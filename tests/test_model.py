@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from wtnmt.config import ModelConfig, load_config
 from wtnmt.model import (
@@ -349,11 +350,39 @@ def test_packed_output_projection_is_the_plain_one_and_follows_updates():
         weight.mul_(2)  # an in-place update: the packed copy must follow
         torch.testing.assert_close(packed(x, weight), x @ weight.t())
         assert (packed._packed is not None) == onednn_available()
-    # with gradients it is the plain, differentiable F.linear
+    # with gradients it is differentiable (packed.linear, tested below)
     w = weight.clone().requires_grad_()
     packed(x, w).sum().backward()
     assert w.grad is not None and packed._packed is None  # training holds no packed copy
     assert copy.deepcopy(packed)._packed is None  # copies pack their own
+
+
+@pytest.mark.parametrize("shape", [(6, 32), (2, 5, 32)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_training_linear_is_f_linear_in_value_and_gradients(shape, with_bias):
+    """The oneDNN product of training (packed.linear) against the same product in float64:
+    output and the gradients of input, weight (here a transposed view, as merge_heads passes)
+    and bias, to float32 rounding of sums over up to 700 terms (oneDNN sums in another order
+    than MKL, so not bit for bit F.linear)."""
+    from wtnmt.model.packed import linear
+
+    torch.manual_seed(0)
+    x = torch.randn(*shape, requires_grad=True)
+    w = torch.randn(32, 700, requires_grad=True)  # used as its transpose [700, 32]
+    b = torch.randn(700, requires_grad=True) if with_bias else None
+    grad = torch.randn(*shape[:-1], 700)
+    leaves = [x, w] + ([b] if with_bias else [])
+    wide = [t.detach().double().requires_grad_() for t in leaves]
+    expected = F.linear(wide[0], wide[1].t(), wide[2] if with_bias else None)
+    expected_grads = torch.autograd.grad(expected, wide, grad.double())
+    out = linear(x, w.t(), b)
+    close = {"rtol": 1e-5, "atol": 1e-4, "check_dtype": False}
+    torch.testing.assert_close(out, expected, **close)
+    for got, want in zip(torch.autograd.grad(out, leaves, grad), expected_grads, strict=True):
+        torch.testing.assert_close(got, want, **close)
+    # an input that needs no gradient (the first layer's, say) gets none computed
+    (g_w,) = torch.autograd.grad(linear(x.detach(), w.t()), [w], grad)
+    torch.testing.assert_close(g_w, expected_grads[1], **close)
 
 
 @pytest.mark.parametrize("mask", ["padding", "causal", "none"])

@@ -9,9 +9,14 @@ matmul of a decoding step.
 
 The packed copy is kept while the weight is unchanged (an in-place update bumps its version
 counter, loading another tensor changes its address) and dropped as soon as gradients are
-enabled again (training). With gradients, under autocast (whose casts the packed float32 copy
-would not follow), on another device or dtype, or where the build has no oneDNN, it is a plain
+enabled again (training). Under autocast (whose casts the packed float32 copy would not
+follow), on another device or dtype, or where the build has no oneDNN, it is a plain
 ``F.linear``.
+
+Training multiplies through oneDNN too (``linear``): the weight is reordered at every call,
+as it changes at every step, and that still pays. On 2 CPU cores, forward and backward of
+[4,000, 256] × [256, 1,024] took 40 ms against 45 ms through ``F.linear`` (MKL), the tied
+output projection [4,000, 256] × [256, 8,000] 256 against 309 ms.
 
 int8 decoding (``quantize_decoding(model, "int8")``, `wtnmt translate --quantize int8`): the
 same places multiply through FBGEMM's dynamically quantised linear instead: weights int8 per
@@ -67,7 +72,7 @@ class PackedLinear:
     ) -> Tensor:
         if torch.is_grad_enabled():  # training: the packed copy would only hold memory
             self._key = self._packed = None
-            return F.linear(x, weight, bias)
+            return linear(x, weight, bias)
         if (
             x.device.type != "cpu"
             or torch.is_autocast_enabled("cpu")  # bf16 validation: autocast's own matmul
@@ -103,6 +108,51 @@ class PackedLinear:
         return {"_key": None, "_packed": None, "int8": self.int8}
 
 
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)`` for training: through oneDNN (forward and the input's
+    gradient; the weight's gradient is one MKL matmul) on CPU in float32, outside autocast,
+    where the build has it; ``F.linear`` otherwise."""
+    if (
+        x.device.type != "cpu"
+        or x.dtype != torch.float32
+        or weight.dtype != torch.float32
+        or torch.is_autocast_enabled("cpu")
+        or not onednn_available()
+    ):
+        return F.linear(x, weight, bias)
+    if x.dim() == 2:
+        return _OneDNNLinear.apply(x, weight, bias)
+    out = _OneDNNLinear.apply(x.reshape(-1, x.size(-1)), weight, bias)
+    return out.view(*x.shape[:-1], out.size(-1))
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """x·Wᵀ + b for x [N, in], W [out, in] (a transposed view will do): the weight is
+    reordered into oneDNN's layout for each product, Wᵀ for the input's gradient."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # type: ignore[override]
+        x = x.contiguous()
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, x.size(0))
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        grad = grad.contiguous()
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.t(), grad.size(0))
+            grad_x = torch.ops.mkldnn._linear_pointwise(grad, packed, None, "none", [], "")
+        if ctx.needs_input_grad[1]:
+            grad_w = grad.t().mm(x)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = grad.sum(0)
+        return grad_x, grad_w, grad_b
+
+
 def pack_int8(weight: Tensor, bias: Tensor | None) -> object:
     """weight [out, in] → FBGEMM's packed int8 weight (symmetric, one scale per output row)
     with its float32 bias."""
@@ -130,7 +180,7 @@ def int8_available() -> bool:
 def quantize_decoding(model: torch.nn.Module, mode: Literal["none", "int8"]) -> int:
     """Decode ``model`` with int8 linear layers (``"int8"``) or float32 ones (``"none"``).
     Returns the number of linear layers switched. CPU float32 only; training is unaffected
-    (with gradients every layer is a plain F.linear)."""
+    (with gradients every layer multiplies in float32)."""
     if mode not in ("none", "int8"):
         raise ValueError(f"quantize: {mode!r} is not one of 'none', 'int8'")
     if mode == "int8" and not int8_available():
@@ -160,6 +210,7 @@ __all__ = [
     "PackedLinear",
     "decoding_mode",
     "int8_available",
+    "linear",
     "onednn_available",
     "quantize_decoding",
 ]
