@@ -4,6 +4,7 @@ plain `torch.nn.Transformer` of the same shape and recipe (the floor), on the da
 of ../shared/bench/PEERS.md, and the peak memory of each precision.
 
     python benchmarks/train_speed.py [--bench-dir ../shared/bench] [--seconds 120] [--threads 2]
+                                     [--plain-linear]
 
 Data: make_synthetic.py's corpus (20,000 pairs, pre-tokenised: its vocab.txt gives the ids,
 no sentencepiece). Model: N=3 D=256 F=1024 H=M=4, dropout 0.1, tied embeddings, label
@@ -18,6 +19,8 @@ training step (Trainer.update: forward, backward, Adam, simplex projection); the
 loop a user writes around `nn.Transformer` (logits at every position, `F.cross_entropy` with
 label smoothing, `torch.optim.Adam`). Each figure is real target tokens (EOS included) per
 second of its own steps, and its ratio to the floor's (PEERS.md: fairseq 1.11× the floor).
+``--plain-linear`` adds each float32 model once more with ``F.linear`` (MKL) for its linear
+layers instead of oneDNN's products (wtnmt.model.packed.linear), to time that choice alone.
 
 Memory: the Weighted Transformer in each precision and the Transformer train
 ``--memory-steps`` steps, each in its own process, started before anything else is built,
@@ -156,8 +159,28 @@ def _batches(trainer, limit: int = 200):  # type: ignore[no-untyped-def]
     return [d.collate(i) for i in plan.batches[:limit]]
 
 
+class PlainLinear:
+    """A trainer whose linear layers multiply through ``F.linear`` (MKL), as wtnmt's did
+    before they went through oneDNN (wtnmt.model.packed.linear): the same model, step and
+    batches, to time that change alone."""
+
+    def __init__(self, trainer) -> None:  # type: ignore[no-untyped-def]
+        self.trainer = trainer
+
+    def update(self, batches):  # type: ignore[no-untyped-def]
+        import torch.nn.functional as F
+
+        from wtnmt.model import packed
+
+        saved, packed.linear = packed.linear, F.linear
+        try:
+            return self.trainer.update(batches)
+        finally:
+            packed.linear = saved
+
+
 def alternate(
-    data: Path, vocab: int, seconds: float, threads: int, warmup: int = 10
+    data: Path, vocab: int, seconds: float, threads: int, warmup: int = 10, plain: bool = False
 ) -> dict[str, float]:
     """Target tokens per second of each entry, taking turns on the same batches."""
     import torch
@@ -173,6 +196,11 @@ def alternate(
             entries[f"{flavour} {precision}"] = _trainer(
                 flavour, precision, data, vocab, f"{tmp}/{flavour}-{precision}", threads
             )
+        if plain:  # each fp32 model again, with F.linear
+            for flavour in ("transformer", "weighted"):
+                entries[f"{flavour} F.linear"] = PlainLinear(
+                    _trainer(flavour, "fp32", data, vocab, f"{tmp}/{flavour}-plain", threads)
+                )
         batches = _batches(entries["weighted fp32"])
         names = list(entries)
         spent = {name: 0.0 for name in names}
@@ -238,6 +266,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10, help="untimed rounds first")
     parser.add_argument("--memory-steps", type=int, default=40)
     parser.add_argument(
+        "--plain-linear",
+        action="store_true",
+        help="also each fp32 model with F.linear (MKL) for its linear layers",
+    )
+    parser.add_argument(
         "--memory", nargs=2, metavar=("FLAVOUR", "PRECISION"), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
@@ -260,7 +293,7 @@ def main() -> None:
         f"peak RSS over {args.memory_steps} steps, each in its own process: "
         + ", ".join(f"{name} {m['peak_rss_gib']:.2f} GiB" for name, m in memory.items())
     )
-    rates = alternate(data, vocab, args.seconds, args.threads, args.warmup)
+    rates = alternate(data, vocab, args.seconds, args.threads, args.warmup, args.plain_linear)
     floor = rates["floor fp32"]
     for name, rate in rates.items():
         print(f"  {name:18s} {rate:8.0f} tgt tok/s   {rate / floor:.2f}× floor", flush=True)
