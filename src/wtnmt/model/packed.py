@@ -73,13 +73,7 @@ class PackedLinear:
         if torch.is_grad_enabled():  # training: the packed copy would only hold memory
             self._key = self._packed = None
             return linear(x, weight, bias)
-        if (
-            x.device.type != "cpu"
-            or torch.is_autocast_enabled("cpu")  # bf16 validation: autocast's own matmul
-            or x.dtype != torch.float32
-            or weight.dtype != torch.float32
-            or not (self.int8 or onednn_available())
-        ):
+        if not (_cpu_float32(x, weight) and (self.int8 or onednn_available())):
             return F.linear(x, weight, bias)
         if key is None:
             key = (weight.data_ptr(), weight._version, weight.shape, weight.stride())
@@ -112,18 +106,23 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)`` for training: through oneDNN (forward and the input's
     gradient; the weight's gradient is one MKL matmul) on CPU in float32, outside autocast,
     where the build has it; ``F.linear`` otherwise."""
-    if (
-        x.device.type != "cpu"
-        or x.dtype != torch.float32
-        or weight.dtype != torch.float32
-        or torch.is_autocast_enabled("cpu")
-        or not onednn_available()
-    ):
+    if not (_cpu_float32(x, weight) and onednn_available()):
         return F.linear(x, weight, bias)
     if x.dim() == 2:
         return _OneDNNLinear.apply(x, weight, bias)
     out = _OneDNNLinear.apply(x.reshape(-1, x.size(-1)), weight, bias)
     return out.view(*x.shape[:-1], out.size(-1))
+
+
+def _cpu_float32(x: Tensor, weight: Tensor) -> bool:
+    """Whether x·Wᵀ is a float32 product on CPU outside autocast (bf16 training and
+    validation run autocast's own matmul, whose casts a float32 copy would not follow)."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and not torch.is_autocast_enabled("cpu")
+    )
 
 
 class _OneDNNLinear(torch.autograd.Function):
