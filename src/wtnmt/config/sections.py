@@ -38,7 +38,8 @@ class ModelConfig:
     # Weighted Transformer options (used when attention == "branched")
     decoder_self_attention: Literal["multihead", "weighted"] = "multihead"
     branch_ffn: Literal["split", "shared"] = "split"
-    branch_weights: Literal["simplex", "softmax", "topk"] = "simplex"
+    # simplex: learned, as in the paper; fixed: κ = α = 1/M, never learned (a control)
+    branch_weights: Literal["simplex", "softmax", "topk", "fixed"] = "simplex"
     branch_topk: int = 2  # k for branch_weights == "topk"
     branch_init: Literal["random", "uniform"] = "random"
     # Transparent attention (Bapna et al., 2018)
@@ -181,6 +182,9 @@ class TrainConfig:
     max_tokens: int = 4096  # padded source + target tokens per batch
     update_freq: int = 1  # gradient accumulation
     lr_scale: float = 1.0
+    # the peak learning rate (reached at the end of warm-up), as fairseq's --lr: when set, it
+    # replaces lr_scale, which is then peak_lr · √(D · warmup)
+    peak_lr: float | None = None
     warmup: int = 4000
     branch_warmup: int = 400
     # κ, α: their own schedule (§4.1: warm-up of branch_warmup, scaled by the encoder depth)
@@ -229,7 +233,7 @@ class TrainConfig:
         # ranges: a negative clip norm ascends the gradient, a negative scale diverges, and a
         # zero budget "trains" nothing and reports success
         _greater(self, "train", 0, "lr_scale", "adam_eps")
-        _greater(self, "train", 0, "clip_norm", "max_time", optional=True)
+        _greater(self, "train", 0, "clip_norm", "max_time", "peak_lr", optional=True)
         for name in ("max_steps", "max_epochs", "patience", "threads"):
             if getattr(self, name) is not None:
                 _positive(self, "train", name)

@@ -9,6 +9,9 @@ weights in effect:
   vectors are logits and the weights in effect are their softmax.
 - ``topk`` (gating, §4.5): as ``simplex``, but only the k branches with the largest α
   contribute, their α renormalised to sum to 1 as in sparsely-gated mixtures of experts.
+- ``fixed`` (a control the paper does not run): κ = α = 1/M for the whole of training, never
+  learned, so that the branched layer's other differences from a Transformer layer (one
+  residual and one norm, every branch scaled by κ·α) are trained without learned weights.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from torch import Tensor, nn
 
 from wtnmt.model.simplex import project_simplex
 
-WeightMode = Literal["simplex", "softmax", "topk"]
+WeightMode = Literal["simplex", "softmax", "topk", "fixed"]
 InitMode = Literal["random", "uniform"]
 OverrideMode = Literal["learned", "uniform", "random"]
 
@@ -32,9 +35,10 @@ class BranchWeights(nn.Module):
         super().__init__()
         self.mode = mode
         self.topk = topk
-        self.kappa = nn.Parameter(torch.empty(branches))  # [M]
-        self.alpha = nn.Parameter(torch.empty(branches))  # [M]
-        self.reset(init)
+        learned = mode != "fixed"
+        self.kappa = nn.Parameter(torch.empty(branches), requires_grad=learned)  # [M]
+        self.alpha = nn.Parameter(torch.empty(branches), requires_grad=learned)  # [M]
+        self.reset(init if learned else "uniform")
 
     @torch.no_grad()
     def reset(self, how: InitMode | OverrideMode, generator: torch.Generator | None = None) -> None:

@@ -37,7 +37,7 @@ def project_branch_weights(model: nn.Module) -> int:
 
     count = 0
     for module in model.modules():
-        if isinstance(module, BranchWeights) and module.mode != "softmax":
+        if isinstance(module, BranchWeights) and module.mode not in ("softmax", "fixed"):
             module.kappa.copy_(project_simplex(module.kappa))
             module.alpha.copy_(project_simplex(module.alpha))
             count += 2

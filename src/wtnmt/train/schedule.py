@@ -16,10 +16,19 @@ def branch_lr(step: int, *, d_model: int, layers: int, warmup: int, scale: float
     return scale * (d_model / layers) ** -0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
+def lr_scale(model, train) -> float:  # type: ignore[no-untyped-def]
+    """The schedule's scale: ``train.lr_scale``, or the one whose peak is ``train.peak_lr``
+    (the peak of D^-0.5 · min(step^-0.5, step · warmup^-1.5) is (D · warmup)^-0.5)."""
+    if train.peak_lr is None:
+        return train.lr_scale
+    return train.peak_lr * (model.d_model * train.warmup) ** 0.5
+
+
 def learning_rates(step: int, model, train, *, frozen: bool) -> tuple[float, float]:  # type: ignore[no-untyped-def]
     """(lr of the weights, lr of κ and α) at ``step``: κ, α on their own schedule, or the
     shared one (``train.branch_schedule``), 0 inside the freeze window."""
-    lr = inverse_sqrt(step, d_model=model.d_model, warmup=train.warmup, scale=train.lr_scale)
+    scale = lr_scale(model, train)
+    lr = inverse_sqrt(step, d_model=model.d_model, warmup=train.warmup, scale=scale)
     if frozen:
         return lr, 0.0
     if train.branch_schedule == "shared":
@@ -29,7 +38,7 @@ def learning_rates(step: int, model, train, *, frozen: bool) -> tuple[float, flo
         d_model=model.d_model,
         layers=model.encoder_layers,
         warmup=train.branch_warmup,
-        scale=train.lr_scale,
+        scale=scale,
     )
 
 

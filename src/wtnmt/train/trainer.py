@@ -92,10 +92,12 @@ class Trainer:
         self.valid_data = ParallelData(self.data_dir, "valid")
         torch.manual_seed(self.tc.seed)
         self.model = build_model(config.model, vocab_size=vocab_size).to(self.device)
-        self.branch_params = [
+        branch_params = [
             p for m in self.model.modules() if isinstance(m, BranchWeights) for p in m.parameters()
         ]
-        ids = {id(p) for p in self.branch_params}
+        ids = {id(p) for p in branch_params}
+        # fixed κ, α (model.branch_weights: fixed) are not learned: in no group
+        self.branch_params = [p for p in branch_params if p.requires_grad]
         groups = [{"params": [p for p in self.model.parameters() if id(p) not in ids]}]
         if self.branch_params:
             groups.append({"params": self.branch_params})
