@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from helpers import tiny_run_config
@@ -232,3 +233,41 @@ def test_a_run_recorded_before_a_key_existed_counts_it_at_its_default(tmp_path):
     lines = config.read_text().splitlines(keepends=True)
     config.write_text("".join(x for x in lines if "branch_schedule" not in x))
     assert plan_task(grid.runs[0], grid) is None
+
+
+def test_a_grid_scores_the_mean_of_the_last_checkpoints_when_asked(tmp_path):
+    from safetensors.torch import load_file
+
+    path = write_grid(
+        tmp_path, seeds=[1], evaluate={"split": "test", "beam": 2, "average": 2}, analyze=False
+    )
+    grid = load_grid(path)
+    assert run_grid(grid, say=lambda _: None) == {"weighted-s1": "finished"}
+    run = grid.runs[0].run_dir
+    scores = json.loads((run / "scores.json").read_text())
+    averaged, best = scores["test"], scores["test_best"]
+    assert averaged["average"] == 2 and averaged["weights"] == "average-last2.safetensors"
+    assert averaged["checkpoints"] == ["step_0000003.safetensors", "step_0000006.safetensors"]
+    assert best["weights"] == "model.safetensors" and {"bleu", "bleu_lc"} <= set(best)
+    # the oracle: the element-wise mean of the two checkpoints' tensors
+    a, b = (load_file(run / "checkpoints" / name) for name in averaged["checkpoints"])
+    mean = load_file(run / "average-last2.safetensors")
+    assert set(mean) == set(a)
+    for name, value in mean.items():
+        torch.testing.assert_close(value, (a[name] + b[name]) / 2, rtol=0, atol=1e-7)
+    assert plan_task(grid.runs[0], grid) is None  # scored as asked: nothing left
+    other = load_grid(write_grid(tmp_path, seeds=[1], evaluate={"split": "test", "beam": 2}))
+    assert plan_task(other.runs[0], other).what == "score"  # not the scores asked for
+
+
+@pytest.mark.parametrize(
+    ("average", "message"),
+    [
+        (0, "evaluate.average: expected a positive integer, got 0"),
+        (50, "but run weighted-s1 keeps"),
+    ],
+)
+def test_averaging_more_checkpoints_than_kept_is_refused(tmp_path, average, message):
+    path = write_grid(tmp_path, evaluate={"split": "test", "average": average})
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_grid(path)

@@ -4,6 +4,7 @@ commands themselves are in ``wtnmt.commands``)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from typing import NoReturn
@@ -257,6 +258,19 @@ def run_guarded(command: str, body: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         print(f"wtnmt {command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`wtnmt translate | head -1`): stdout can take no more, not
+        # even the interpreter's last flush
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(
+            f"wtnmt {command}: error: the output was closed before it was all written",
+            file=sys.stderr,
+        )
+        return 2
+    except OSError as e:  # a full disk, a device that refuses writes, a file gone
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"wtnmt {command}: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:

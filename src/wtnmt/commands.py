@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -101,12 +102,18 @@ def _read_input(path: str | None):  # type: ignore[no-untyped-def]
     return decode_lines(read_bytes(path), path)
 
 
-def _check_output_file(path: str) -> None:
+def _check_output_file(path: str, source: str | None) -> None:
+    from wtnmt.safe_files import is_same_file
+
     out = Path(path)
     if out.is_dir():
         raise ConfigError(f"-o {path}: is a directory; -o names the file to write")
     if not out.parent.is_dir():
         raise ConfigError(f"-o {path}: the directory {out.parent} does not exist")
+    if source not in (None, "-") and is_same_file(path, source):
+        raise ConfigError(
+            f"-o {path}: is the input file -i {source}; write the translations elsewhere"
+        )
 
 
 def nbest_lines(index: int, options, n: int) -> list[str]:  # type: ignore[no-untyped-def]
@@ -131,7 +138,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
             f"--workers {args.workers} decodes on the CPU only, not --device {args.device}"
         )
     if args.output:
-        _check_output_file(args.output)
+        _check_output_file(args.output, args.input)
 
     import torch
 
@@ -146,31 +153,44 @@ def cmd_translate(args: argparse.Namespace) -> int:
     if nbest > beam:
         given = f"--nbest {nbest}" if args.nbest else f"decode.nbest={nbest} (the run's config)"
         raise ConfigError(f"{given} is more than the beam size {beam}: raise --beam")
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     try:
-        if args.workers > 1:  # the threads shared among them
-            threads = max(1, torch.get_num_threads() // args.workers)
-            translator.start_workers(args.workers, threads=threads)
-        # each chunk is translated as soon as it is read, and its output flushed
-        for first, chunk in stream_lines(args.input, chunk=args.chunk):
-            results = translator.translate_nbest(
-                chunk,
-                beam=beam,
-                nbest=nbest,
-                first_line=first,
-                warn=lambda m: print(f"wtnmt translate: warning: {m}", file=sys.stderr),
-            )
-            for i, options in enumerate(results):
-                lines = (
-                    [options[0].text] if nbest == 1 else nbest_lines(first - 1 + i, options, nbest)
+        with _output(args.output) as out:
+            if args.workers > 1:  # the threads shared among them
+                threads = max(1, torch.get_num_threads() // args.workers)
+                translator.start_workers(args.workers, threads=threads)
+            # each chunk is translated as soon as it is read, and its output flushed
+            for first, chunk in stream_lines(args.input, chunk=args.chunk):
+                results = translator.translate_nbest(
+                    chunk,
+                    beam=beam,
+                    nbest=nbest,
+                    first_line=first,
+                    warn=lambda m: print(f"wtnmt translate: warning: {m}", file=sys.stderr),
                 )
-                out.write("".join(line + "\n" for line in lines))
-            out.flush()
+                for i, options in enumerate(results):
+                    lines = (
+                        [options[0].text]
+                        if nbest == 1
+                        else nbest_lines(first - 1 + i, options, nbest)
+                    )
+                    out.write("".join(line + "\n" for line in lines))
+                out.flush()
     finally:
         translator.close()
-        if out is not sys.stdout:
-            out.close()
     return 0
+
+
+@contextlib.contextmanager
+def _output(path: str | None):  # type: ignore[no-untyped-def]
+    """Standard output, or the file ``-o`` names, which appears whole when the command
+    succeeds (a temporary file beside it until then: a failure leaves the old file)."""
+    if not path or path == "-":
+        yield sys.stdout
+        return
+    from wtnmt.safe_files import output_file
+
+    with output_file(path) as out:
+        yield out
 
 
 def _update_scores(path: Path, scores: dict) -> None:

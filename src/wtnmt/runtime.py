@@ -78,10 +78,31 @@ def check_quantize(quantize: str, device: str) -> None:
         raise ConfigError(f"--quantize {quantize} decodes on the CPU only, not --device {device}")
 
 
+# oneDNN's instruction sets (ONEDNN_MAX_CPU_ISA) that multiply bf16 in hardware
+_ONEDNN_BF16_ISAS = ("BF16", "AMX", "FP16", "AVX10")
+
+
+def _kernels_limited_below_bf16() -> bool:
+    """Whether the process is told to use kernels older than the CPU's bf16 ones: ATen's
+    ``ATEN_CPU_CAPABILITY`` at AVX2 or below, or oneDNN's ``ONEDNN_MAX_CPU_ISA`` (also
+    ``DNNL_MAX_CPU_ISA``) naming an instruction set without bf16 (AVX2, AVX512_CORE, ...)."""
+    aten = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    if aten in ("default", "avx2", "zvector"):
+        return True
+    isa = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").upper()
+    if isa and isa not in ("ALL", "DEFAULT"):
+        return not any(tag in isa for tag in _ONEDNN_BF16_ISAS)
+    return False
+
+
 @functools.cache
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 in hardware (x86 AVX512-BF16 or AMX-BF16, Arm BF16):
-    read from /proc/cpuinfo's flags; False where there is none (not Linux)."""
+    """Whether this process multiplies bf16 in hardware (x86 AVX512-BF16 or AMX-BF16, Arm
+    BF16): read from /proc/cpuinfo's flags; False where there is none (not Linux), and where
+    the kernels are limited below those instructions (ATEN_CPU_CAPABILITY=avx2,
+    ONEDNN_MAX_CPU_ISA=AVX2: then bf16 is emulated, slower than float32)."""
+    if _kernels_limited_below_bf16():
+        return False
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:

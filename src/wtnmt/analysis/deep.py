@@ -152,14 +152,14 @@ def dev_batches(run_dir: Path, *, max_tokens: int = 4000, limit: int = 8):  # ty
     data (prepared again if it is not there), checked to use the run's own vocabulary."""
     from wtnmt.config import load_config
     from wtnmt.data import ParallelData, plan_batches, prepare
-    from wtnmt.data.corpora import sha256_of
+    from wtnmt.data.vocab import vocabulary_sha256
     from wtnmt.errors import CheckpointError
 
     config = load_config(run_dir / "config.yaml")
     directory = config.data.prepared_path()
     prepare(config.data, directory, log=lambda _: None)
     ours, theirs = run_dir / "spm.model", directory / "spm.model"
-    if ours.is_file() and sha256_of(ours) != sha256_of(theirs):
+    if ours.is_file() and vocabulary_sha256(ours) != vocabulary_sha256(theirs):
         raise CheckpointError(f"{directory}: its vocabulary is not the one {run_dir} used")
     data = ParallelData(directory, "valid")
     plan = plan_batches(

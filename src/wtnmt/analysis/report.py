@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from wtnmt.analysis import deep, figures
-from wtnmt.analysis.tables import Run, Table, groups_table, runs_table, steps_to_bleu_table
+from wtnmt.analysis.tables import (
+    Run,
+    Table,
+    groups_table,
+    runs_table,
+    seeds_test_table,
+    steps_to_bleu_table,
+)
 
 
 def _best(runs: list[Run]) -> Run | None:
@@ -172,6 +179,36 @@ def attention_figure(run: Run, sentence: int, out: Path) -> Path | None:
     )
 
 
+REPORT_MARK = ".wtnmt-analysis"  # in every directory analyze writes into
+
+
+def made_by_analyze(directory: Path) -> bool:
+    """Whether ``directory`` is a report of ours: its mark, or (a report from before the
+    mark) an ``analysis.json`` that analyze wrote."""
+    if (directory / REPORT_MARK).is_file():
+        return True
+    try:
+        kept = json.loads((directory / "analysis.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(kept, dict) and {"runs", "tables", "figures"} <= kept.keys()
+
+
+def check_report_directory(out: Path) -> None:
+    """Refuse, before any work, an ``out`` that is not ours to write into: a file, or a
+    directory with files that analyze did not make (its summary.md, PNGs would replace a
+    user's)."""
+    from wtnmt.config import ConfigError
+
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: is a file; --out names the report's directory")
+    if out.is_dir() and any(out.iterdir()) and not made_by_analyze(out):
+        raise ConfigError(
+            f"--out {out}: this directory was not made by wtnmt analyze and is not empty; "
+            f"refusing to write into it: give --out a new or empty directory"
+        )
+
+
 def analyze(
     run_dirs: list[str | Path],
     out: str | Path,
@@ -183,9 +220,11 @@ def analyze(
     decode: bool = True,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    runs = [Run.load(p) for p in run_dirs]
     out = Path(out)
+    check_report_directory(out)
+    runs = [Run.load(p) for p in run_dirs]
     out.mkdir(parents=True, exist_ok=True)
+    (out / REPORT_MARK).write_text("written by wtnmt analyze\n", encoding="utf-8")
     pictures: list[tuple[str, Path]] = []
 
     def draw(caption: str, path: Path | None) -> None:
@@ -224,6 +263,9 @@ def analyze(
             draw(caption, made[0])
             drawn[made[0].name] = made[1]
     tables = [runs_table(runs), groups_table(runs)]
+    across_seeds = seeds_test_table(runs)
+    if across_seeds is not None:
+        tables.append(across_seeds)
     first_best = runs[0].metrics.best_valid if runs else None
     target = target_bleu if target_bleu is not None else (first_best or {}).get("valid_bleu")
     if target is not None:

@@ -171,6 +171,44 @@ def groups_table(runs: list[Run]) -> Table:
     return table
 
 
+def seeds_test_table(runs: list[Run]) -> Table | None:
+    """Each model against the first, over their seeds' test scores: the difference of the
+    means, Welch's t-test and the exact permutation test (None with fewer than two seeds a
+    side: one seed has no spread to test against)."""
+    from wtnmt.analysis.stats import permutation_test, welch_t
+
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(run.group, []).append(run)
+    names = list(groups)
+    table = Table(
+        "Across seeds: each model against the first",
+        ["model", "against", "score", "difference", "t", "df", "p (Welch)", "p (permutation)"],
+        note="two-sided; the permutation test is exact over every split of the pooled seeds "
+        "(3+3 seeds: 20 splits, so its p cannot go below 0.1)",
+    )
+    for name in names[1:]:
+        for key, label in (("bleu", "test BLEU"), ("bleu_lc", "test BLEU lc"), ("chrf", "chrF")):
+            a = [r.test(key) for r in groups[name]]
+            b = [r.test(key) for r in groups[names[0]]]
+            if len(a) < 2 or len(b) < 2 or None in a or None in b:
+                continue
+            t, df, p = welch_t(a, b)  # type: ignore[arg-type]
+            table.rows.append(
+                [
+                    name,
+                    names[0],
+                    label,
+                    round(sum(a) / len(a) - sum(b) / len(b), 2),  # type: ignore[arg-type]
+                    round(t, 2),
+                    round(df, 1),
+                    round(p, 4),
+                    round(permutation_test(a, b), 4),  # type: ignore[arg-type]
+                ]
+            )
+    return table if table.rows else None
+
+
 def steps_to_bleu_table(runs: list[Run], target: float) -> tuple[Table, list[dict[str, Any]]]:
     """Steps and seconds of updates each run took to reach dev BLEU ``target``, and each as a
     fraction of the first run's (the paper's "15–40% fewer steps")."""

@@ -33,6 +33,11 @@ from wtnmt.data.clean import drop_empty_and_duplicates, length_filter
 from wtnmt.data.corpora import locate_corpus, sha256_of
 from wtnmt.data.dataset import write_ids
 from wtnmt.data.io import DataError, read_parallel, read_tsv
+from wtnmt.data.prepared_dir import (
+    check_output_directory,
+    move_into_place,
+    remove_stale_builds,
+)
 from wtnmt.data.split import keep_short, split_by_pivot
 from wtnmt.data.vocab import Vocabulary, train_sentencepiece
 
@@ -285,29 +290,6 @@ def _build(
     return {"corpus": corpus_level, "vocab_size": len(vocab), "splits": splits}
 
 
-def made_by_prepare(directory: Path) -> bool:
-    """Whether ``directory`` holds a manifest that ``prepare`` wrote."""
-    try:
-        manifest = json.loads((directory / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(manifest, dict) and {"version", "fingerprint", "inputs"} <= manifest.keys()
-
-
-def check_output_directory(out: Path) -> None:
-    """Refuse, before any work, an ``out`` that is not ours to replace: a file, or a
-    non-empty directory that ``prepare`` did not make (a corpus folder, the working
-    directory). Nothing a user gave us is ever moved or deleted."""
-    if out.exists() and not out.is_dir():
-        raise DataError(f"{out}: is a file; --out names the directory to prepare into")
-    if out.is_dir() and any(out.iterdir()) and not made_by_prepare(out):
-        raise DataError(
-            f"{out}: this directory was not made by wtnmt prepare (it has no manifest.json of "
-            f"ours) and is not empty; refusing to replace it: give --out a new or empty "
-            f"directory"
-        )
-
-
 def prepare(
     config: DataConfig,
     out: str | Path,
@@ -327,6 +309,7 @@ def prepare(
     log(f"reading {', '.join(str(f) for f in source.files)}")
     raw = source.read()
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_builds(out)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -342,13 +325,12 @@ def prepare(
             }
         )
         (tmp / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False))
-        manifest.update({"fingerprint": key, "vocab_sha256": sha256_of(tmp / "spm.model")})
+        files = [*sorted(f.name for f in tmp.iterdir()), "manifest.json"]
+        manifest.update(
+            {"fingerprint": key, "vocab_sha256": sha256_of(tmp / "spm.model"), "files": files}
+        )
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        if out.exists():
-            os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
+        move_into_place(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return summary

@@ -6,6 +6,7 @@ Special ids are fixed for every model (see ``wtnmt.special``): 0 <pad>, 1 <s>, 2
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -53,6 +54,25 @@ def train_sentencepiece(
             f"training data ({e}); lower data.vocab_size (--vocab-size)"
         ) from None
     return model_prefix.with_suffix(".model")
+
+
+def vocabulary_sha256(path: str | Path) -> str:
+    """sha256 of what decides the ids of a sentencepiece model: every piece with its score
+    and kind, in id order. Unlike the file's bytes it does not change with the paths the
+    trainer recorded (a rebuild of the same data in another temporary directory gives
+    another file but the same vocabulary)."""
+    try:
+        sp = spm.SentencePieceProcessor(model_file=str(path))
+    except (OSError, RuntimeError) as e:
+        raise DataError(f"{path}: not a readable sentencepiece model ({e})") from None
+    digest = hashlib.sha256()
+    for i in range(sp.get_piece_size()):
+        kind = "".join(
+            "1" if test(i) else "0"
+            for test in (sp.is_control, sp.is_unknown, sp.is_unused, sp.is_byte)
+        )
+        digest.update(f"{sp.id_to_piece(i)}\t{sp.get_score(i)!r}\t{kind}\n".encode())
+    return digest.hexdigest()
 
 
 class Vocabulary:

@@ -9,7 +9,8 @@ A grid file::
     threads: 1                         # threads of each run
     parallel: 2                        # runs at once
     seeds: [1, 2, 3]
-    evaluate: {split: test}            # or false: the finished run's test scores
+    evaluate: {split: test}            # or false: the finished run's test scores; with
+                                       # average: N, of the mean of its last N checkpoints
     analyze: {out: experiments/multi30k/report-en-de}   # or false
     runs:
       - {name: transformer, preset: transformer-small, set: {train.lr_scale: 0.5}}
@@ -34,7 +35,7 @@ from wtnmt.config import ConfigError, RunConfig, config_to_dict, load_config
 GRID_KEYS = {"out", "base", "budget", "threads", "parallel", "seeds", "evaluate", "analyze", "runs"}
 RUN_KEYS = {"name", "preset", "set", "seeds"}
 BUDGET_KEYS = {"max_time", "max_steps"}
-EVALUATE_KEYS = {"split", "beam"}
+EVALUATE_KEYS = {"split", "beam", "average"}
 ANALYZE_KEYS = {"out", "target_bleu", "smooth", "random_seeds", "attention_sentence", "decode"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
@@ -143,8 +144,9 @@ def load_grid(path: str | Path) -> Grid:
         evaluate = {"split": "test", **_mapping(path, "evaluate", evaluate, EVALUATE_KEYS)}
         if evaluate["split"] not in ("valid", "test"):
             raise _fail(path, "evaluate.split", f"{evaluate['split']!r}; allowed: valid, test")
-        if "beam" in evaluate:
-            _positive_int(path, "evaluate.beam", evaluate["beam"])
+        for key in ("beam", "average"):
+            if key in evaluate:
+                _positive_int(path, f"evaluate.{key}", evaluate[key])
     analyze = values.get("analyze", {})
     analyze = (
         None if analyze is False else dict(_mapping(path, "analyze", analyze or {}, ANALYZE_KEYS))
@@ -190,9 +192,17 @@ def load_grid(path: str | Path) -> Grid:
     grid = Grid(path, out, tuple(specs), threads, parallel, evaluate or None, analyze)
     for spec in specs:  # every run's config is valid before anything starts
         try:
-            spec.config()
+            config = spec.config()
         except ConfigError as e:
             raise ConfigError(f"{path}: run {spec.name}: {e}") from None
+        last = (evaluate or {}).get("average")
+        if last and config.train.keep_checkpoints < last:
+            raise _fail(
+                path,
+                "evaluate.average",
+                f"{last} checkpoints, but run {spec.name} keeps {config.train.keep_checkpoints} "
+                f"(train.keep_checkpoints)",
+            )
     return grid
 
 

@@ -34,6 +34,27 @@ def training_summary(run_dir: Path) -> dict[str, Any]:
     }
 
 
+def evaluate(run_dir: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    """The grid's scores of a finished run: ``{split: ...}`` of its best weights by dev, or,
+    where the grid asks for ``evaluate.average: N``, of the mean of its last N checkpoints
+    (as fairseq's recipes score), with the best weights' under ``<split>_best``."""
+    from wtnmt.rundir.average import average_within
+
+    split, beam = spec["evaluate"]["split"], spec["evaluate"].get("beam")
+    last = spec["evaluate"].get("average")
+    if not last:
+        return {split: score_run(run_dir, split=split, beam=beam)}
+    averaged = average_within(run_dir, last=last)
+    return {
+        split: {
+            **score_run(run_dir, split=split, beam=beam, weights=averaged["weights"]),
+            "average": last,
+            "checkpoints": averaged["checkpoints"],
+        },
+        f"{split}_best": score_run(run_dir, split=split, beam=beam),
+    }
+
+
 def main(argv: list[str]) -> int:
     from wtnmt.runtime import tune_cpu_allocator
     from wtnmt.train import Trainer
@@ -46,12 +67,8 @@ def main(argv: list[str]) -> int:
         state = Trainer(config, run_dir, resume=spec["resume"], log_to_stderr=True).run()
         write_finished(run_dir, asdict(state))
     if spec["evaluate"]:
-        split, beam = spec["evaluate"]["split"], spec["evaluate"].get("beam")
-        scores = {
-            "run": run_dir.name,
-            **training_summary(run_dir),
-            split: score_run(run_dir, split=split, beam=beam),
-        }
+        scores = {"run": run_dir.name, **training_summary(run_dir), **evaluate(run_dir, spec)}
+        split = spec["evaluate"]["split"]
         (run_dir / "scores.json").write_text(json.dumps(scores, indent=2) + "\n")
         print(
             f"{run_dir.name}: {split} BLEU {scores[split]['bleu']:.2f} chrF "

@@ -143,9 +143,12 @@ def _scored(run_dir: Path, evaluate: dict[str, Any]) -> bool:
     except ValueError:
         return False
     split = evaluate.get("split", "test")
-    return split in scores and scores[split].get("beam") == evaluate.get(
-        "beam", scores[split].get("beam")
-    )
+    if not isinstance(scores, dict) or not isinstance(scores.get(split), dict):
+        return False
+    kept = scores[split]
+    return kept.get("beam") == evaluate.get("beam", kept.get("beam")) and kept.get(
+        "average"
+    ) == evaluate.get("average")
 
 
 def _prepare_data(grid: Grid, tasks: list[Task], say) -> None:  # type: ignore[no-untyped-def]

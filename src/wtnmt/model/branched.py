@@ -31,7 +31,7 @@ from wtnmt.model.attention import HeadAttention, LayerCache, init_out_projection
 from wtnmt.model.branch_weights import BranchWeights, InitMode, WeightMode
 from wtnmt.model.dropout import relu_dropout
 from wtnmt.model.outputs import AttentionOutput
-from wtnmt.model.packed import PackedLinear
+from wtnmt.model.packed import PackedLinear, weights_generation
 
 
 class _BranchTail(torch.autograd.Function):
@@ -121,7 +121,12 @@ class BranchedAttention(nn.Module):
             autocast = torch.is_autocast_enabled(self.w1.device.type)
             if self._params is None:  # (the same objects for the module's life)
                 self._params = list(self.parameters())
-            key = (autocast, *((p.data_ptr(), p._version) for p in self._params))
+            # an optimizer step counts too: fused Adam bumps no version counter
+            key = (
+                autocast,
+                weights_generation(),
+                *((p.data_ptr(), p._version) for p in self._params),
+            )
             if self._fused_cache is not None and self._fused_cache[0] == key:
                 return self._fused_cache[1]
         if self.ffn == "split":

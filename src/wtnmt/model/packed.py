@@ -52,6 +52,24 @@ def onednn_available() -> bool:
         return False
 
 
+# How many times the weights of a model in this process may have changed in place without
+# their version counters knowing: fused Adam's kernel writes the parameters and bumps no
+# ``Tensor._version``. Every cache of weights derived for decoding is keyed on it too.
+_generation = 0
+
+
+def weights_updated() -> None:
+    """Retire every packed or fused copy of weights made so far: call after an optimizer
+    step (or any in-place change of parameters that may leave their versions as they were)."""
+    global _generation
+    _generation += 1
+
+
+def weights_generation() -> int:
+    """The count :func:`weights_updated` keeps: part of every derived-weight cache's key."""
+    return _generation
+
+
 class PackedLinear:
     """Computes ``F.linear(x, weight, bias)``; on CPU in float32 without gradients, through a
     oneDNN-packed copy of ``weight`` [out, in] (a transposed view of an [in, out] parameter
@@ -79,13 +97,14 @@ class PackedLinear:
             key = (weight.data_ptr(), weight._version, weight.shape, weight.stride())
             if bias is not None:  # int8 packs the bias with the weight
                 key = (*key, bias.data_ptr(), bias._version)
-        if self._packed is None or self._key != (self.int8, key):
+        key = (self.int8, _generation, key)
+        if self._packed is None or self._key != key:
             if self.int8:
                 self._packed = pack_int8(weight.detach(), None if bias is None else bias.detach())
             else:
                 rows = max(1, x.numel() // x.size(-1))  # a hint for the layout
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
-            self._key = (self.int8, key)
+            self._key = key
         flat = x.reshape(-1, x.size(-1))
         if self.int8:
             out = torch.ops.quantized.linear_dynamic(flat, self._packed, True)
@@ -212,4 +231,6 @@ __all__ = [
     "linear",
     "onednn_available",
     "quantize_decoding",
+    "weights_generation",
+    "weights_updated",
 ]

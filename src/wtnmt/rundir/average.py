@@ -44,10 +44,8 @@ def average_weights(paths: list[Path]) -> dict[str, torch.Tensor]:
     }
 
 
-def average_run(run_dir: str | Path, out: str | Path, *, last: int) -> dict[str, Any]:
-    """Average the last ``last`` checkpoints of ``run_dir`` into the new run directory
-    ``out`` (which must not exist, or be empty). Returns what was averaged."""
-    run_dir, out = Path(run_dir), Path(out)
+def _last_checkpoints(run_dir: Path, last: int) -> list[Path]:
+    """The weight files of the last ``last`` checkpoints of ``run_dir``, each checked."""
     if last < 1:
         raise CheckpointError(f"--last {last}: average at least 1 checkpoint")
     states = list_checkpoints(run_dir / "checkpoints")
@@ -56,24 +54,45 @@ def average_run(run_dir: str | Path, out: str | Path, *, last: int) -> dict[str,
             f"{run_dir}: {len(states)} checkpoint{'s' * (len(states) != 1)} there, fewer than "
             f"--last {last} (train.keep_checkpoints sets how many a run keeps)"
         )
+    chosen = states[-last:]
+    for state in chosen:
+        load_state(state)  # complete and matching its weights, or a CheckpointError
+    return [s.with_name(s.name.replace(".state.pt", ".safetensors")) for s in chosen]
+
+
+def _weights_file(tensors: dict[str, torch.Tensor]) -> bytes:
+    return save(tensors, metadata={CHECKSUM_KEY: tensors_sha256(tensors)})
+
+
+def average_run(run_dir: str | Path, out: str | Path, *, last: int) -> dict[str, Any]:
+    """Average the last ``last`` checkpoints of ``run_dir`` into the new run directory
+    ``out`` (which must not exist, or be empty). Returns what was averaged."""
+    run_dir, out = Path(run_dir), Path(out)
+    weights = _last_checkpoints(run_dir, last)
     for name in ("config.yaml", "spm.model"):
         if not (run_dir / name).is_file():
             raise CheckpointError(f"{run_dir}: no {name} there; is it a wtnmt run directory?")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"--out {out}: exists and is not empty; give a new directory")
-    chosen = states[-last:]
-    for state in chosen:
-        load_state(state)  # complete and matching its weights, or a CheckpointError
-    weights = [s.with_name(s.name.replace(".state.pt", ".safetensors")) for s in chosen]
     tensors = average_weights(weights)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "config.yaml", (run_dir / "config.yaml").read_bytes())
     atomic_write(out / "spm.model", (run_dir / "spm.model").read_bytes())
-    data = save(tensors, metadata={CHECKSUM_KEY: tensors_sha256(tensors)})
-    atomic_write(out / "model.safetensors", data)
+    atomic_write(out / "model.safetensors", _weights_file(tensors))
     record = {"run": str(run_dir), "checkpoints": [w.name for w in weights]}
     atomic_write(out / "averaged.json", (json.dumps(record, indent=2) + "\n").encode())
     return record
 
 
-__all__ = ["average_run", "average_weights"]
+def average_within(run_dir: str | Path, *, last: int) -> dict[str, Any]:
+    """Average the last ``last`` checkpoints of ``run_dir`` into a weight file of the run
+    itself, ``average-last<N>.safetensors`` (what `wtnmt experiment` scores when its grid
+    asks for ``evaluate.average``). Returns the file's name and the checkpoints averaged."""
+    run_dir = Path(run_dir)
+    weights = _last_checkpoints(run_dir, last)
+    name = f"average-last{last}.safetensors"
+    atomic_write(run_dir / name, _weights_file(average_weights(weights)))
+    return {"weights": name, "checkpoints": [w.name for w in weights]}
+
+
+__all__ = ["average_run", "average_weights", "average_within"]

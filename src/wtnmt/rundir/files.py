@@ -19,22 +19,9 @@ from safetensors.torch import save_file
 from torch import nn
 
 from wtnmt.errors import CheckpointError
+from wtnmt.safe_files import atomic_write
 
 CHECKSUM_KEY = "wtnmt_tensors_sha256"
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:

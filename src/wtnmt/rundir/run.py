@@ -74,6 +74,7 @@ class RunDirectory:
         ``unlock`` or the end of this process)."""
         if self.path.exists() and not self.path.is_dir():
             raise TrainingError(f"{self.path}: is a file; --out names the run directory")
+        self.check_not_in_prepared_data()
         self.path.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -115,9 +116,23 @@ class RunDirectory:
             os.close(self._lock_fd)  # closing releases the lock
             self._lock_fd = None
 
+    def check_not_in_prepared_data(self) -> None:
+        """A run never lives in a prepared-data directory (or below one): a rebuild of that
+        directory replaces what it wrote there, and the run's files must not be in its way."""
+        from wtnmt.data.prepared_dir import made_by_prepare
+
+        path = self.path.resolve()
+        for directory in (path, *path.parents):
+            if made_by_prepare(directory):
+                raise TrainingError(
+                    f"--out {self.path}: is inside the prepared-data directory {directory}; "
+                    f"give the run a directory of its own, outside it"
+                )
+
     def check_new(self) -> None:
         """A new run may go into a new or empty directory, or one where a run of ours died
-        before its first checkpoint; never over run files wtnmt did not write."""
+        before its first checkpoint; never over run files wtnmt did not write, and never
+        where a model is (a finished run whose checkpoints were deleted, an averaged model)."""
         if list_checkpoints(self.checkpoints):
             raise TrainingError(
                 f"{self.path} already holds a run: add --resume to continue it, or choose "
@@ -130,6 +145,11 @@ class RunDirectory:
                     f"{path}: wtnmt did not write this file, and a new run would overwrite it; "
                     f"give --out a directory of its own"
                 )
+        if self.weights_path.exists():
+            raise TrainingError(
+                f"{self.path} already holds a model ({self.weights_path.name}); a new run would "
+                f"overwrite it: choose another --out"
+            )
 
     def resume_point(self, config: RunConfig, warn=print) -> tuple[Path, dict[str, Any]]:  # type: ignore[no-untyped-def]
         """The checkpoint to continue from, once ``config`` is known to ask for the run's own
@@ -152,10 +172,20 @@ class RunDirectory:
 
     def check_vocabulary(self, state: dict[str, Any], vocab_file: Path) -> None:
         """Refuse to resume on a vocabulary other than the one the run was trained with."""
-        recorded = state.get("vocab_sha256")
-        if recorded is None and self.vocab_path.is_file():
-            recorded = sha256_of(self.vocab_path)
-        if recorded is not None and vocab_file.is_file() and sha256_of(vocab_file) != recorded:
+        from wtnmt.data.vocab import vocabulary_sha256
+
+        if not vocab_file.is_file():
+            return
+        # the vocabulary's content, not the file's bytes: a rebuild of the same data records
+        # other paths in the model file (checkpoints before vocabulary_sha256 kept the bytes')
+        if self.vocab_path.is_file():  # the copy the run was trained with
+            changed = vocabulary_sha256(self.vocab_path) != vocabulary_sha256(vocab_file)
+        elif state.get("vocabulary_sha256") is not None:
+            changed = state["vocabulary_sha256"] != vocabulary_sha256(vocab_file)
+        else:
+            recorded = state.get("vocab_sha256")
+            changed = recorded is not None and sha256_of(vocab_file) != recorded
+        if changed:
             raise TrainingError(
                 f"--resume: the vocabulary {vocab_file} is not the one {self.path} was trained "
                 f"with (its training data changed since): the weights would read other ids; "

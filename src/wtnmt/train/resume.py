@@ -36,7 +36,8 @@ def save_training(trainer: Trainer) -> None:
             "rng": rng,
             "rng_per_rank": every_rank,
             "config": config_to_dict(trainer.config),  # what a resume is checked against
-            "vocab_sha256": trainer.vocab_sha256,
+            "vocab_sha256": trainer.vocab_sha256,  # the file's bytes
+            "vocabulary_sha256": trainer.vocabulary_sha256,  # its pieces: what a resume checks
         }
         try:
             save_checkpoint(trainer.ckpt_dir, trainer.state.step, trainer.model, state)

@@ -27,6 +27,7 @@ from torch import nn
 from wtnmt.config import RunConfig
 from wtnmt.data import Batch, ParallelData, Vocabulary, plan_batches, prepare
 from wtnmt.data.corpora import sha256_of
+from wtnmt.data.vocab import vocabulary_sha256
 from wtnmt.errors import TrainingError
 from wtnmt.model import BranchWeights, build_model, project_branch_weights
 from wtnmt.rundir import (
@@ -84,6 +85,7 @@ class Trainer:
         spm = self.data_dir / "spm.model"
         self.vocab = Vocabulary(spm) if spm.is_file() else None
         self.vocab_sha256 = sha256_of(spm) if spm.is_file() else None
+        self.vocabulary_sha256 = vocabulary_sha256(spm) if spm.is_file() else None
         if vocab_size is None:
             if self.vocab is None:
                 raise TrainingError(f"{self.data_dir}: no spm.model: prepare the data first")

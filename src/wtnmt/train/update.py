@@ -15,6 +15,7 @@ from torch import nn
 from wtnmt.data import Batch
 from wtnmt.disagreement import disagreement
 from wtnmt.loss import label_smoothed_cross_entropy
+from wtnmt.model.packed import weights_updated
 from wtnmt.special import PAD
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ def update(
         trainer.scaler.update()
         raise FloatingPointError(f"loss {loss_sum}, gradient norm {grad_norm}")
     trainer.scaler.step(trainer.optimizer)
+    weights_updated()  # the packed copies validation decodes with are stale now
     trainer.scaler.update()
     trainer.optimizer.zero_grad(set_to_none=True)
     return loss_sum, nll_sum, tokens, grad_norm, ratio

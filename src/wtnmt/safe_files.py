@@ -1,0 +1,89 @@
+"""Writing files so that nothing a user has is lost: a file appears whole or not at all, an
+output never replaces its own input, and what we write gets the permissions the user's umask
+gives (as ``open`` would), not the 0600 of a temporary file.
+
+The lowest layer of the package: it imports nothing of wtnmt.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+
+def umask_mode() -> int:
+    """The mode ``open(path, "w")`` would give a new file: 0666 less the umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def _mkstemp(path: Path) -> tuple[int, str]:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, umask_mode())
+    return fd, tmp
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """``data`` into ``path`` through a temporary file in the same directory, fsynced and
+    moved into place: a reader sees the old file or the new one, never a part."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = _mkstemp(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def is_same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name one existing file (the same inode: links and ./ included)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+@contextmanager
+def output_file(path: str | Path, *, encoding: str = "utf-8") -> Iterator[IO[str]]:
+    """A text file to write the output of a command into: a regular file (or a new one) is
+    written to a temporary file beside it and moved into place when the block ends without an
+    error, so that a failed command leaves the old file as it was; a device or a pipe
+    (``/dev/stdout``, ``/dev/full``, a FIFO) is written directly."""
+    path = Path(path)
+    try:
+        special = not stat.S_ISREG(os.stat(path).st_mode)
+    except FileNotFoundError:
+        special = False
+    try:
+        if special:
+            with open(path, "w", encoding=encoding) as f:
+                yield f
+            return
+        fd, tmp = _mkstemp(path)
+        try:
+            with os.fdopen(fd, "w", encoding=encoding) as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from None  # a write: name the file
+
+
+__all__ = ["atomic_write", "is_same_file", "output_file", "umask_mode"]

@@ -1,0 +1,89 @@
+"""Tests across seeds against oracles: Student's t tail by numerical integration of its
+density and closed forms, Welch's t by hand, the permutation test by counting splits."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from wtnmt.analysis.metrics import RunMetrics
+from wtnmt.analysis.stats import incomplete_beta, permutation_test, student_t_two_sided, welch_t
+from wtnmt.analysis.tables import Run, seeds_test_table
+
+
+def t_tail_by_integration(t: float, df: float, steps: int = 200_000) -> float:
+    """2 · ∫_|t|^∞ of Student's density, by Simpson's rule after x = |t| + u/(1-u)."""
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def integrand(u: float) -> float:
+        if u >= 1.0:
+            return 0.0
+        x = abs(t) + u / (1 - u)
+        return math.exp(log_c - (df + 1) / 2 * math.log1p(x * x / df)) / (1 - u) ** 2
+
+    h = 1.0 / steps
+    total = integrand(0.0) + integrand(1.0)
+    total += sum((4 if i % 2 else 2) * integrand(i * h) for i in range(1, steps))
+    return 2 * total * h / 3
+
+
+@pytest.mark.parametrize(("t", "df"), [(0.5, 1), (2.0, 2), (3.674, 4), (1.2, 7.3), (2.5, 30)])
+def test_student_t_tail_against_integration(t, df):
+    assert student_t_two_sided(t, df) == pytest.approx(t_tail_by_integration(t, df), abs=1e-5)
+
+
+def test_student_t_closed_forms():
+    assert student_t_two_sided(1.0, 1) == pytest.approx(0.5)  # Cauchy: 1 - 2·atan(t)/π
+    assert student_t_two_sided(0.5, 1) == pytest.approx(1 - 2 * math.atan(0.5) / math.pi)
+    assert student_t_two_sided(2.0, 2) == pytest.approx(1 - 2 / math.sqrt(6))
+    assert student_t_two_sided(1.959964, 1e7) == pytest.approx(0.05, abs=1e-5)  # the normal
+    assert incomplete_beta(1.0, 1.0, 0.3) == pytest.approx(0.3)  # I_x(1, 1) = x
+    assert incomplete_beta(2.0, 3.0, 0.0) == 0.0 and incomplete_beta(2.0, 3.0, 1.0) == 1.0
+
+
+def test_welch_by_hand():
+    # means 2 and 5, variances 1 and 1: t = -3 / √(2/3), df = (2/3)² / (2 · (1/3)² / 2) = 4
+    t, df, p = welch_t([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])
+    assert t == pytest.approx(-3 / math.sqrt(2 / 3))
+    assert df == pytest.approx(4.0)
+    assert p == pytest.approx(t_tail_by_integration(t, 4.0), abs=1e-6)
+    # unequal variances: df falls between the smaller side's n-1 and n_a + n_b - 2
+    t, df, _ = welch_t([1.0, 1.1, 0.9], [3.0, 7.0, 5.0, 1.0])
+    assert 2.0 < df < 5.0
+    assert welch_t([2.0, 2.0], [2.0, 2.0]) == (0.0, 2.0, 1.0)
+    with pytest.raises(ValueError, match="at least two values"):
+        welch_t([1.0], [2.0, 3.0])
+
+
+def test_permutation_test_counts_splits():
+    # 3+3 fully separated: only the two splits that keep them apart are as extreme, of 20
+    assert permutation_test([1.0, 2.0, 3.0], [4.0, 5.0, 6.0]) == pytest.approx(2 / 20)
+    assert permutation_test([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]) == 1.0
+    # [1,2] against [3,10]: |mean diff| 5; as extreme: {1,2}|{3,10} and {3,10}|{1,2},
+    # {1,3}|{2,10} gives 4, {2,3}|{1,10} gives 3: 2 of 6
+    assert permutation_test([1.0, 2.0], [3.0, 10.0]) == pytest.approx(2 / 6)
+    sampled = permutation_test([float(i) for i in range(12)], [float(i) for i in range(12)])
+    assert sampled > 0.9  # 24 choose 12 splits: sampled, not counted
+
+
+def _run(tmp: Path, name: str, bleu: float) -> Run:
+    directory = tmp / name
+    directory.mkdir()
+    (directory / "metrics.jsonl").write_text("")
+    scores = {"test": {"bleu": bleu, "bleu_lc": bleu + 1.0, "chrf": 50.0 + bleu}}
+    return Run(directory, RunMetrics.load(directory), scores, {})
+
+
+def test_the_seeds_table_tests_each_model_against_the_first(tmp_path):
+    runs = [_run(tmp_path, f"transformer-s{i}", b) for i, b in enumerate([30.0, 31.0, 29.0])]
+    runs += [_run(tmp_path, f"weighted-s{i}", b) for i, b in enumerate([32.0, 33.0, 34.0])]
+    table = seeds_test_table(runs)
+    assert table is not None
+    bleu = next(row for row in table.rows if row[2] == "test BLEU")
+    t, df, p = welch_t([32.0, 33.0, 34.0], [30.0, 31.0, 29.0])
+    assert bleu[:4] == ["weighted", "transformer", "test BLEU", 3.0]
+    assert bleu[4:7] == [round(t, 2), round(df, 1), round(p, 4)]
+    assert bleu[7] == pytest.approx(0.1)
+    assert seeds_test_table(runs[:1] + runs[3:4]) is None  # one seed a side: nothing to test
