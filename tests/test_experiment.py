@@ -271,3 +271,40 @@ def test_averaging_more_checkpoints_than_kept_is_refused(tmp_path, average, mess
     path = write_grid(tmp_path, evaluate={"split": "test", "average": average})
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_grid(path)
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_a_signal_to_the_runner_alone_stops_its_runs_at_a_checkpoint(tmp_path, signum):
+    import signal
+    import time
+
+    path = write_grid(
+        tmp_path,
+        seeds=[1],
+        budget={"max_steps": 100_000},
+        base={"train.log_every": 1, "train.valid_every": 100_000, "train.save_every": 100_000},
+        evaluate=False,
+        analyze=False,
+    )
+    # started as a shell starts a job in the background: SIGINT ignored, and inherited so
+    proc = subprocess.Popen(
+        [sys.executable, "-c",
+         "import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+         "from wtnmt.cli import main; sys.exit(main(sys.argv[1:]))",
+         "experiment", str(path)],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    run = tmp_path / "runs" / "weighted-s1"
+    deadline = time.monotonic() + 120
+    while not (run / "metrics.jsonl").is_file() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(getattr(signal, signum))
+    assert proc.wait(60) == 130
+    err = proc.stderr.read()
+    assert "interrupted: run `wtnmt experiment" in err and "Traceback" not in err
+    jobs = subprocess.run(["pgrep", "-f", str(run)], capture_output=True, text=True).stdout
+    assert jobs == ""  # no run left training on its own
+    assert "interrupted at step" in (run / "train.log").read_text()
+    grid = load_grid(path)
+    assert plan_task(grid.runs[0], grid).what == "resume"

@@ -266,3 +266,28 @@ def test_validation_during_training_equals_a_fresh_models(tmp_path, kind):
     again = during()
     assert again["valid_loss"] == pytest.approx(last["valid_loss"], rel=1e-6, abs=0)
     assert again["valid_bleu"] == last["valid_bleu"]
+
+
+def test_runs_of_the_same_name_in_two_places_stay_two_models(run_dir, tmp_path):
+    for place in ("A", "B"):
+        shutil.copytree(run_dir, tmp_path / place / "w")
+    out = tmp_path / "report"
+    assert cli(["analyze", str(tmp_path / "A" / "w"), str(tmp_path / "B" / "w"),
+                "--out", str(out), "--no-decode"]) == 0  # fmt: skip
+    assert (out / "kappa_alpha-A_w.png").is_file() and (out / "kappa_alpha-B_w.png").is_file()
+    analysis = json.loads((out / "analysis.json").read_text())
+    groups = next(t for t in analysis["tables"] if t["title"].startswith("Models"))
+    assert [row[0] for row in groups["rows"]] == ["A/w", "B/w"]  # not two seeds of one "w"
+    assert [row[1] for row in groups["rows"]] == [1, 1]
+
+
+def test_a_damaged_vocabulary_is_refused_in_one_line(run_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    assert (run / "spm.model.sha256").is_file()
+    data = bytearray((run / "spm.model").read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one byte of a piece's score
+    (run / "spm.model").write_bytes(bytes(data))
+    assert cli(["translate", str(run), "-i", "/dev/null"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "spm.model: the vocabulary is damaged" in err

@@ -30,6 +30,28 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def _at_least_one(text: str) -> int:
+    """An argparse type: an integer of at least 1 (beam sizes, samples, threads)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
+    return value
+
+
+def _positive_number(text: str) -> float:
+    """An argparse type: a finite number above 0 (minutes of a budget)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"{text}: must be a finite number above 0")
+    return value
+
+
 def _add_quantize(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--quantize",
@@ -140,13 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test", choices=["train", "valid", "test"])
     p.add_argument("--src")
     p.add_argument("--ref")
-    p.add_argument("--beam", type=int)
+    p.add_argument("--beam", type=_at_least_one)
     p.add_argument(
         "--compare",
         metavar="OTHER_RUN",
         help="also translate with OTHER_RUN and test the difference (bootstrap)",
     )
-    p.add_argument("--samples", type=int, default=1000, help="bootstrap samples")
+    p.add_argument("--samples", type=_at_least_one, default=1000, help="bootstrap samples")
     p.add_argument(
         "--branch-weights",
         dest="branch_weights",
@@ -165,9 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train the weighted-small Weighted Transformer on Tatoeba English→German "
         "for a wall-clock budget, then evaluate it with beam search and sacreBLEU.",
     )
-    p.add_argument("--minutes", type=float, default=10.0, help="training budget (default 10)")
+    p.add_argument(
+        "--minutes", type=_positive_number, default=10.0, help="training budget (default 10)"
+    )
     p.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=_at_least_one, default=2)
     p.add_argument("--resume", action="store_true", help="continue an interrupted demo run")
     p.add_argument(
         "--set",

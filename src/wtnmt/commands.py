@@ -195,15 +195,22 @@ def _output(path: str | None):  # type: ignore[no-untyped-def]
 
 def _update_scores(path: Path, scores: dict) -> None:
     """The latest evaluation's keys into the run's scores.json, keeping the keys of others
-    (`wtnmt experiment` keeps its test scores there under "test")."""
+    (`wtnmt experiment` keeps its test scores there under "test"); what an earlier
+    evaluation wrote and this one does not (a "compare" block) goes with it."""
+    from wtnmt.safe_files import atomic_write
+
     kept = {}
     if path.is_file():
         try:
             kept = json.loads(path.read_text(encoding="utf-8"))
         except ValueError:
             kept = {}
-    merged = {**(kept if isinstance(kept, dict) else {}), **scores}
-    path.write_text(json.dumps(merged, indent=2))
+    kept = kept if isinstance(kept, dict) else {}
+    for key in ("compare",):
+        if key not in scores:
+            kept.pop(key, None)
+    merged = {**kept, **scores}
+    atomic_write(path, json.dumps(merged, indent=2, ensure_ascii=False).encode())
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -227,11 +234,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         pairs = raw_split(data, args.split)
         src, refs = [p[0] for p in pairs], [p[1] for p in pairs]
         name = f"{args.corpus}.{args.split}"
+        source = {"corpus": args.corpus, "split": args.split}
     else:
         src, refs = _read_input(args.src), _read_input(args.ref)
         if len(src) != len(refs):
             raise ConfigError(f"--src has {len(src)} lines but --ref has {len(refs)}")
         name = Path(args.src).stem
+        source = {"src": str(args.src), "ref": str(args.ref)}
     if args.branch_weights != "learned":
         translator.set_branch_weights(args.branch_weights, seed=args.seed)
         name += f".{args.branch_weights}"
@@ -241,6 +250,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     print(f"translating {len(src):,} sentences with beam {beam}", file=sys.stderr)
     hyps = translator.translate(src, beam=args.beam)
     scores = score_corpus(hyps, refs)
+    scores["source"] = source  # what was scored: a corpus split, or the two files
     scores["branch_weights"] = args.branch_weights
     scores["quantize"] = args.quantize
     out = Path(args.run_dir) / "eval"
@@ -318,6 +328,9 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     if args.dry_run:
         return 0
     failed = {k: v for k, v in outcome.items() if v.startswith("failed")}
+    if "interrupted" in outcome.values():  # stopped from outside: nothing whole to analyze
+        say(f"some runs were interrupted: run `wtnmt experiment {grid.path}` again to resume")
+        return 130
     if grid.analyze is not None:
         from wtnmt.analysis.report import analyze
 

@@ -46,6 +46,16 @@ def atomic_write(path: Path, data: bytes) -> None:
             os.unlink(tmp)
 
 
+def file_in_the_way(directory: str | Path) -> Path | None:
+    """The file (not a directory) that stands where ``directory`` or one of its parents
+    should be, so that it cannot be made: ``FILE/x`` → ``FILE``; None when there is none."""
+    path = Path(directory)
+    for candidate in (path, *path.parents):
+        if candidate.exists() or candidate.is_symlink():
+            return None if candidate.is_dir() else candidate
+    return None
+
+
 def is_same_file(a: str | Path, b: str | Path) -> bool:
     """Whether two paths name one existing file (the same inode: links and ./ included)."""
     try:
@@ -86,4 +96,4 @@ def output_file(path: str | Path, *, encoding: str = "utf-8") -> Iterator[IO[str
         raise OSError(e.errno, e.strerror, str(path)) from None  # a write: name the file
 
 
-__all__ = ["atomic_write", "is_same_file", "output_file", "umask_mode"]
+__all__ = ["atomic_write", "file_in_the_way", "is_same_file", "output_file", "umask_mode"]

@@ -7,6 +7,7 @@ import itertools
 import json
 import math
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,17 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """
     kept: list[dict[str, Any]] = []
     last: dict[str, int] = {}  # the last step of each series
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
                 continue
-            entry = json.loads(line)
+            entry = _entry(raw)
+            if entry is None:  # a line cut by a full disk or a kill, or not ours
+                print(
+                    f"wtnmt: warning: {path}:{number}: not a metrics entry; skipped",
+                    file=sys.stderr,
+                )
+                continue
             kind = _kind(entry)
             if entry["step"] <= last.get(kind, -1):  # a resume: cut the lost continuation
                 first = next(
@@ -37,6 +44,28 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
             kept.append(entry)
             last[kind] = entry["step"]
     return kept
+
+
+_NUMBERS = ("loss", "nll", "elapsed", "tokens_per_s", "valid_loss", "valid_nll", "valid_bleu")
+
+
+def _entry(raw: bytes) -> dict[str, Any] | None:
+    """One line of metrics.jsonl as an entry: an object with an integer step ≥ 0 and numbers
+    where numbers belong; None for anything else."""
+    try:
+        entry = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(entry, dict):
+        return None
+    step = entry.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return None
+    for key in _NUMBERS:
+        value = entry.get(key)
+        if key in entry and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return None
+    return entry
 
 
 def _kind(entry: dict[str, Any]) -> str:

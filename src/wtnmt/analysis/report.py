@@ -25,6 +25,7 @@ from wtnmt.analysis.tables import (
     runs_table,
     seeds_test_table,
     steps_to_bleu_table,
+    with_unique_names,
 )
 
 
@@ -174,7 +175,7 @@ def attention_figure(run: Run, sentence: int, out: Path) -> Path | None:
         layers,
         [*translator.pieces(ids[0]), "</s>"],
         [*translator.pieces(produced.ids), "</s>"],
-        out / f"attention-{run.name}.png",
+        out / f"attention-{run.slug}.png",
         title=f"{run.name}, test sentence {sentence}: {src[sentence]!r} → {produced.text!r}",
     )
 
@@ -199,9 +200,13 @@ def check_report_directory(out: Path) -> None:
     directory with files that analyze did not make (its summary.md, PNGs would replace a
     user's)."""
     from wtnmt.config import ConfigError
+    from wtnmt.safe_files import file_in_the_way
 
-    if out.exists() and not out.is_dir():
+    blocked = file_in_the_way(out)
+    if blocked == out:
         raise ConfigError(f"--out {out}: is a file; --out names the report's directory")
+    if blocked is not None:
+        raise ConfigError(f"--out {out}: {blocked} is a file, not a directory")
     if out.is_dir() and any(out.iterdir()) and not made_by_analyze(out):
         raise ConfigError(
             f"--out {out}: this directory was not made by wtnmt analyze and is not empty; "
@@ -222,7 +227,7 @@ def analyze(
 ) -> dict[str, Any]:
     out = Path(out)
     check_report_directory(out)
-    runs = [Run.load(p) for p in run_dirs]
+    runs = with_unique_names([Run.load(p) for p in run_dirs])
     out.mkdir(parents=True, exist_ok=True)
     (out / REPORT_MARK).write_text("written by wtnmt analyze\n", encoding="utf-8")
     pictures: list[tuple[str, Path]] = []
@@ -246,7 +251,7 @@ def analyze(
         draw(
             f"κ and α over training, {run.name} (paper Fig. 3)",
             figures.plot_branch_weights(
-                run.metrics, out / f"kappa_alpha-{run.name}.png", window=window
+                run.metrics, out / f"kappa_alpha-{run.slug}.png", window=window
             ),
         )
     drawn: dict[str, Any] = {}  # numbers behind the figures that carry them
@@ -255,7 +260,7 @@ def analyze(
          deep.plot_grad_ratio(metrics, out / "grad_ratio.png")),
         *[
             (f"Transparent attention weights s, {run.name} (Bapna et al., Fig. 4)",
-             deep.plot_transparent(run.metrics, out / f"transparent-{run.name}.png"))
+             deep.plot_transparent(run.metrics, out / f"transparent-{run.slug}.png"))
             for run in runs
         ],
     ]:  # fmt: skip

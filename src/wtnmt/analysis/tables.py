@@ -30,10 +30,16 @@ class Run:
     metrics: RunMetrics
     scores: dict[str, Any] | None
     config: dict[str, Any]
+    label: str = ""  # the run's name among those analyzed together (default: its directory's)
 
     @property
     def name(self) -> str:
-        return self.path.name
+        return self.label or self.path.name
+
+    @property
+    def slug(self) -> str:
+        """The name as part of a file name (``a/weighted-s1`` → ``a_weighted-s1``)."""
+        return self.name.replace("/", "_")
 
     @property
     def group(self) -> str:
@@ -80,6 +86,28 @@ class Run:
         )
         config = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
         return cls(path, RunMetrics.load(path), scores, config or {})
+
+
+def with_unique_names(runs: list[Run]) -> list[Run]:
+    """The runs named by as many trailing parts of their paths as it takes to tell them
+    apart (``A/weighted`` and ``B/weighted``, not two seeds of one ``weighted``); each run's
+    metrics carry the same name, for the figures' legends."""
+    import dataclasses
+
+    depth, names = 1, [r.path.name for r in runs]
+    most = max((len(r.path.parts) for r in runs), default=1)
+    while len(set(names)) < len(names) and depth < most:
+        depth += 1
+        names = ["/".join(r.path.parts[-depth:]) for r in runs]
+    if len(set(names)) < len(names):  # the same directory given twice
+        twice = sorted({n for n in names if names.count(n) > 1})[0]
+        from wtnmt.config import ConfigError
+
+        raise ConfigError(f"{twice}: given twice; analyze each run once")
+    return [
+        dataclasses.replace(r, label=n, metrics=dataclasses.replace(r.metrics, name=n))
+        for r, n in zip(runs, names, strict=True)
+    ]
 
 
 def _r(value: float | None, digits: int = 2) -> float | None:

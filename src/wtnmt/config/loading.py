@@ -138,6 +138,14 @@ _Loader.add_implicit_resolver(
 )
 
 
+def yaml_reason(e: yaml.YAMLError) -> str:
+    """A YAML error in one line: what is wrong, and where (PyYAML's message takes several,
+    with a drawing of the place)."""
+    problem = str(getattr(e, "problem", None) or e).splitlines()[0]
+    mark = getattr(e, "problem_mark", None)
+    return problem + (f" at line {mark.line + 1}, column {mark.column + 1}" if mark else "")
+
+
 def _yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # a SafeLoader: no Python objects
 
@@ -153,8 +161,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     try:
         return path, _yaml(raw) if raw.strip() else None
     except yaml.YAMLError as e:
-        reason = str(getattr(e, "problem", None) or e).splitlines()[0]
-        raise ConfigError(f"--set {text!r}: the value is not valid YAML ({reason})") from None
+        raise ConfigError(
+            f"--set {text!r}: the value is not valid YAML ({yaml_reason(e)})"
+        ) from None
 
 
 def resolve_preset(name_or_path: str | Path) -> Path:
@@ -174,11 +183,16 @@ def resolve_preset(name_or_path: str | Path) -> Path:
 def load_config(source: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     """Load a YAML config (a path or a preset name) and apply ``--set`` overrides."""
     path = resolve_preset(source)
-    with open(path, encoding="utf-8") as f:
-        try:
-            values = _yaml(f.read()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (at byte offset {e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot be read ({e.strerror})") from None
+    try:
+        values = _yaml(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({yaml_reason(e)})") from None
     if not isinstance(values, dict):
         raise ConfigError(f"{path}: a config must be a mapping of sections")
     for text in overrides:
@@ -192,4 +206,7 @@ def load_config(source: str | Path, overrides: list[str] | tuple[str, ...] = ())
     try:
         return config_from_dict(values)
     except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
+        # a value an override set is the override's fault, not the file's
+        given = [t for t in overrides if str(e).startswith(t.split("=", 1)[0].strip() + "=")]
+        where = f"--set {given[-1]!r}" if given else str(path)
+        raise ConfigError(f"{where}: {e}") from None

@@ -5,6 +5,7 @@ dotted key, the value and what is allowed."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -12,6 +13,9 @@ from typing import Any, Literal
 
 class ConfigError(ValueError):
     """A configuration key or value that is not allowed."""
+
+
+_LANG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 
 # --------------------------------------------------------------------------------------------
@@ -143,6 +147,13 @@ class DataConfig:
                 f"overwrite the other; give them different names, e.g. {self.src_lang} and "
                 f"{self.src_lang}2"
             )
+        for key in ("src_lang", "tgt_lang"):  # they name files: valid.<lang>
+            lang = getattr(self, key)
+            if not _LANG.match(lang):
+                raise ConfigError(
+                    f"data.{key}={lang!r}: a language name is letters, digits, '_' and '-' "
+                    f"(it names the files valid.{{lang}} and test.{{lang}})"
+                )
         for side in ("train", "valid", "test"):
             src, tgt = getattr(self, f"{side}_src"), getattr(self, f"{side}_tgt")
             if (src is None) != (tgt is None):
@@ -232,6 +243,8 @@ class TrainConfig:
             raise ConfigError("train: set at least one of max_steps, max_epochs, max_time")
         # ranges: a negative clip norm ascends the gradient, a negative scale diverges, and a
         # zero budget "trains" nothing and reports success
+        if isinstance(self.seed, bool) or not 0 <= self.seed < 2**31:
+            raise ConfigError(f"train.seed={self.seed!r} must be an integer in [0, 2^31)")
         _greater(self, "train", 0, "lr_scale", "adam_eps")
         _greater(self, "train", 0, "clip_norm", "max_time", "peak_lr", optional=True)
         for name in ("max_steps", "max_epochs", "patience", "threads"):

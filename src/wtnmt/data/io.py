@@ -11,6 +11,7 @@ import contextlib
 import gzip
 import os
 import select
+import stat
 import sys
 import zipfile
 from collections.abc import Iterator
@@ -51,13 +52,12 @@ def stream_lines(path: str | Path | None, *, chunk: int) -> Iterator[tuple[int, 
     """
     stdin = path in (None, "-")
     name = "<stdin>" if stdin else str(path)
-    if not stdin and not Path(path).is_file():  # type: ignore[arg-type]
-        raise DataError(f"{path}: no such file")
-    if stdin:
-        fd = sys.stdin.fileno()
+    regular = not stdin and _check_readable(path)  # type: ignore[arg-type]
+    if stdin or not regular:  # stdin, /dev/stdin, a pipe, a process substitution
+        source = contextlib.nullcontext() if stdin else open(path, "rb", buffering=0)  # type: ignore[arg-type]
+        fd = sys.stdin.fileno() if stdin else source.fileno()  # type: ignore[union-attr]
         read = lambda: os.read(fd, 1 << 16)  # noqa: E731  (what is there, without waiting)
         waiting = lambda: bool(select.select([fd], [], [], 0)[0])  # noqa: E731
-        source = contextlib.nullcontext()
     else:
         opener = gzip.open if str(path).endswith(".gz") else open
         source = opener(path, "rb")  # type: ignore[operator]
@@ -83,10 +83,25 @@ def stream_lines(path: str | Path | None, *, chunk: int) -> Iterator[tuple[int, 
                 return
 
 
+def _check_readable(path: str | Path) -> bool:
+    """A DataError unless ``path`` is something to read lines from: a file, or a pipe or
+    device (``/dev/stdin``, a process substitution). Returns whether it is a regular file."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror})") from None
+    if stat.S_ISDIR(mode):
+        raise DataError(f"{path}: is a directory, not a file of lines")
+    return stat.S_ISREG(mode)
+
+
 def read_bytes(path: str | Path) -> bytes:
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
+    if not _check_readable(path):
+        with open(path, "rb") as f:  # a pipe or device: read to its end
+            return f.read()
     if path.suffix == ".gz":
         with gzip.open(path, "rb") as f:
             try:

@@ -24,8 +24,13 @@ def check_output_directory(out: Path) -> None:
     """Refuse, before any work, an ``out`` that is not ours to replace: a file, or a
     non-empty directory that ``prepare`` did not make (a corpus folder, the working
     directory). Nothing a user gave us is ever moved or deleted."""
-    if out.exists() and not out.is_dir():
+    from wtnmt.safe_files import file_in_the_way
+
+    blocked = file_in_the_way(out)
+    if blocked == out:
         raise DataError(f"{out}: is a file; --out names the directory to prepare into")
+    if blocked is not None:
+        raise DataError(f"{out}: {blocked} is a file, not a directory")
     if out.is_dir() and any(out.iterdir()) and not made_by_prepare(out):
         raise DataError(
             f"{out}: this directory was not made by wtnmt prepare (it has no manifest.json of "

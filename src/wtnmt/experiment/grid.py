@@ -113,6 +113,41 @@ def _seeds(path: Path, key: str, value: Any) -> list[int]:
     return seeds
 
 
+def _out_directory(path: Path, key: str, value: Any) -> Path:
+    """A directory to write into: a non-empty path that is not a file."""
+    if not isinstance(value, str) or not value.strip():
+        raise _fail(path, key, f"expected a directory path, got {value!r}")
+    out = Path(value)
+    if out.exists() and not out.is_dir():
+        raise _fail(path, key, f"{value}: is a file; give a directory")
+    return out
+
+
+def _analyze_options(path: Path, value: Any) -> dict[str, Any]:
+    """The ``analyze:`` mapping, every value checked now (not after hours of training)."""
+    options = dict(_mapping(path, "analyze", value, ANALYZE_KEYS))
+    if "out" in options:
+        options["out"] = str(_out_directory(path, "analyze.out", options["out"]))
+    for key in ("smooth", "random_seeds"):
+        if key in options:
+            _positive_int(path, f"analyze.{key}", options[key])
+    sentence = options.get("attention_sentence", 0)
+    if isinstance(sentence, bool) or not isinstance(sentence, int) or sentence < 0:
+        raise _fail(
+            path, "analyze.attention_sentence", f"expected an integer ≥ 0, got {sentence!r}"
+        )
+    target = options.get("target_bleu")
+    if target is not None and (
+        isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 <= target <= 100
+    ):
+        raise _fail(
+            path, "analyze.target_bleu", f"expected a BLEU between 0 and 100, got {target!r}"
+        )
+    if not isinstance(options.get("decode", True), bool):
+        raise _fail(path, "analyze.decode", f"expected true or false, got {options['decode']!r}")
+    return options
+
+
 def load_grid(path: str | Path) -> Grid:
     path = Path(path)
     if not path.is_file():
@@ -126,7 +161,7 @@ def load_grid(path: str | Path) -> Grid:
     for required in ("out", "runs"):
         if required not in values:
             raise _fail(path, required, "missing; a grid names its out directory and its runs")
-    out = Path(str(values["out"]))
+    out = _out_directory(path, "out", values["out"])
     base = _overrides(path, "base", values.get("base"))
     budget = _mapping(path, "budget", values.get("budget") or {}, BUDGET_KEYS)
     if len(budget) != 1:
@@ -148,9 +183,7 @@ def load_grid(path: str | Path) -> Grid:
             if key in evaluate:
                 _positive_int(path, f"evaluate.{key}", evaluate[key])
     analyze = values.get("analyze", {})
-    analyze = (
-        None if analyze is False else dict(_mapping(path, "analyze", analyze or {}, ANALYZE_KEYS))
-    )
+    analyze = None if analyze is False else _analyze_options(path, analyze or {})
     runs_value = values["runs"]
     if not isinstance(runs_value, list) or not runs_value:
         raise _fail(path, "runs", "expected a non-empty list of runs")

@@ -15,11 +15,13 @@ refused, naming the settings: the grid never trains over someone else's run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -241,6 +243,33 @@ def run_grid(  # type: ignore[no-untyped-def]
     if dry_run:
         return {**outcome, **{t.spec.name: t.what for t in tasks}}
     _prepare_data(grid, tasks, say)
+    with _signals_interrupt():
+        return _run_tasks(grid, tasks, outcome, say=say, progress_every=progress_every)
+
+
+@contextlib.contextmanager
+def _signals_interrupt():  # type: ignore[no-untyped-def]
+    """SIGTERM, and SIGINT even where the shell that started us in the background ignores
+    it, interrupt the runner as Ctrl-C does: its runs are stopped at a checkpoint, never left
+    training on their own."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _run_tasks(  # type: ignore[no-untyped-def]
+    grid: Grid, tasks: list[Task], outcome: dict[str, str], *, say, progress_every: float
+) -> dict[str, str]:
     pending, running = list(tasks), {}
     started: dict[str, float] = {}
     shown = time.perf_counter()
@@ -264,6 +293,12 @@ def run_grid(  # type: ignore[no-untyped-def]
                 if proc.returncode == 0:
                     outcome[name] = "finished"
                     say(f"[{time.strftime('%H:%M:%S')}] {name}: finished in {minutes:.1f} min")
+                elif proc.returncode in (130, -signal.SIGINT, -signal.SIGTERM):
+                    outcome[name] = "interrupted"  # stopped at a checkpoint, from outside
+                    say(
+                        f"[{time.strftime('%H:%M:%S')}] {name}: interrupted; run "
+                        f"`wtnmt experiment {grid.path}` again to resume it"
+                    )
                 else:
                     outcome[name] = f"failed: {_last_line(task.spec.run_dir)}"
                     say(

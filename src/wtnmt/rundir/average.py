@@ -18,6 +18,7 @@ from safetensors.torch import save
 from wtnmt.errors import CheckpointError
 from wtnmt.rundir.checkpoints import list_checkpoints, load_state
 from wtnmt.rundir.files import CHECKSUM_KEY, atomic_write, read_weights, tensors_sha256
+from wtnmt.rundir.run import write_vocabulary
 
 
 def average_weights(paths: list[Path]) -> dict[str, torch.Tensor]:
@@ -77,7 +78,7 @@ def average_run(run_dir: str | Path, out: str | Path, *, last: int) -> dict[str,
     tensors = average_weights(weights)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "config.yaml", (run_dir / "config.yaml").read_bytes())
-    atomic_write(out / "spm.model", (run_dir / "spm.model").read_bytes())
+    write_vocabulary(out / "spm.model", (run_dir / "spm.model").read_bytes())
     atomic_write(out / "model.safetensors", _weights_file(tensors))
     record = {"run": str(run_dir), "checkpoints": [w.name for w in weights]}
     atomic_write(out / "averaged.json", (json.dumps(record, indent=2) + "\n").encode())

@@ -29,6 +29,7 @@ from wtnmt.data.vocab import Vocabulary
 from wtnmt.errors import CheckpointError, TrainingError
 from wtnmt.rundir.checkpoints import latest_checkpoint, list_checkpoints
 from wtnmt.rundir.files import atomic_write, load_weights
+from wtnmt.safe_files import file_in_the_way
 
 # where the data lies, not what it is: these may change between a run and its resume
 RELOCATABLE = {("data", "prepared_dir"), ("data", "corpus_dir")}
@@ -72,8 +73,11 @@ class RunDirectory:
     def lock(self) -> None:
         """Make sure no other process writes this run (a POSIX lock on ``.lock``, held until
         ``unlock`` or the end of this process)."""
-        if self.path.exists() and not self.path.is_dir():
+        blocked = file_in_the_way(self.path)
+        if blocked == self.path:
             raise TrainingError(f"{self.path}: is a file; --out names the run directory")
+        if blocked is not None:
+            raise TrainingError(f"--out {self.path}: {blocked} is a file, not a directory")
         self.check_not_in_prepared_data()
         self.path.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -193,11 +197,37 @@ class RunDirectory:
             )
 
     def write_setup(self, config: RunConfig, vocab_file: Path) -> None:
-        """config.yaml and spm.model, each written atomically."""
+        """config.yaml and spm.model, each written atomically, and spm.model's checksum."""
         text = yaml.safe_dump(config_to_dict(config), sort_keys=False)
         atomic_write(self.config_path, MARK + text.encode())
         if vocab_file.is_file():
-            atomic_write(self.vocab_path, vocab_file.read_bytes())
+            write_vocabulary(self.vocab_path, vocab_file.read_bytes())
+
+
+VOCAB_CHECKSUM = "spm.model.sha256"  # beside spm.model in a run: the sha256 of its bytes
+
+
+def write_vocabulary(path: Path, data: bytes) -> None:
+    """A run's spm.model, and its checksum beside it (checked when the run is loaded)."""
+    import hashlib
+
+    atomic_write(path, data)
+    digest = hashlib.sha256(data).hexdigest()
+    atomic_write(path.with_name(VOCAB_CHECKSUM), f"{digest}  spm.model\n".encode())
+
+
+def check_vocabulary_file(path: Path) -> None:
+    """A CheckpointError if a run's spm.model differs from the checksum written with it
+    (runs from before the checksum load unchecked)."""
+    kept = path.with_name(VOCAB_CHECKSUM)
+    if not kept.is_file():
+        return
+    recorded = kept.read_text(encoding="utf-8", errors="replace").split()
+    if not recorded or sha256_of(path) != recorded[0]:
+        raise CheckpointError(
+            f"{path}: the vocabulary is damaged (its sha256 differs from the one in "
+            f"{VOCAB_CHECKSUM}, written with it)"
+        )
 
 
 # ---------------------------------------------------------------------------- reading a run
@@ -212,6 +242,7 @@ def load_run(path: str | Path, *, weights: str = "model.safetensors"):  # type: 
     for name in ("config.yaml", "spm.model", weights):
         if not (run / name).is_file():
             raise CheckpointError(f"{run}: no {name} there; is it a wtnmt run directory?")
+    check_vocabulary_file(run / "spm.model")
     try:
         config = load_config(run / "config.yaml")
         vocab = Vocabulary(run / "spm.model")

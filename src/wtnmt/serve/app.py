@@ -24,19 +24,25 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from wtnmt import __version__
-from wtnmt.config import config_to_dict
+from wtnmt.config import ConfigError, config_to_dict
 from wtnmt.decode.translator import Translator
 from wtnmt.model import branch_weight_table, count_parameters
 from wtnmt.serve.batcher import Batcher, QueueFull, ServerStopping, Ticket
 from wtnmt.serve.errors import ApiError
 from wtnmt.serve.metrics import Metrics
-from wtnmt.serve.middleware import BodyLimit, RequestMetrics
+from wtnmt.serve.middleware import BodyDeadline, BodyLimit, RequestMetrics
 from wtnmt.serve.runner import ModelRunner, RequestPayload, Search, SentenceResult
 from wtnmt.serve.schemas import Candidate, ErrorResponse, TranslateRequest, TranslateResponse
 from wtnmt.serve.settings import ServeSettings
-from wtnmt.serve.validation import describe_validation_error
+from wtnmt.serve.validation import (
+    check_attention_size,
+    describe_validation_error,
+    is_unicode,
+    unparsable_body,
+)
 
 log = logging.getLogger("wtnmt.serve")
 
@@ -83,6 +89,11 @@ def create_app(
         max_batch_sentences=settings.max_batch_sentences,
     )
     default_beam = settings.beam or translator.config.decode.beam
+    if default_beam > settings.max_beam:  # every request would be refused for it
+        raise ConfigError(
+            f"the run's decode.beam={default_beam} exceeds --max-beam {settings.max_beam}: "
+            f"raise --max-beam, or give --beam"
+        )
     info = model_info(translator, settings, name=name, default_beam=default_beam)
 
     @asynccontextmanager
@@ -111,7 +122,8 @@ def create_app(
         if key is None:
             return
         given = "" if credentials is None else credentials.credentials
-        if not secrets.compare_digest(given.encode(), key.encode()):
+        # headers arrive as bytes, which the server reads as latin-1: the key's UTF-8 bytes
+        if not secrets.compare_digest(given.encode("latin-1", "replace"), key.encode()):
             raise ApiError(
                 401,
                 "missing or wrong API key: send the header 'Authorization: Bearer KEY'",
@@ -130,6 +142,20 @@ def create_app(
     async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
         metrics.rejections.labels(reason="invalid_request").inc()
         return JSONResponse(describe_validation_error(error.errors()), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        # FastAPI answers a body it cannot parse as JSON (nested too deeply, not UTF-8, an
+        # integer too long to convert) with 400 "There was an error parsing the body": the
+        # API promises 422 and a reason, as for any other invalid request
+        reason = unparsable_body(error)
+        if reason is not None:
+            metrics.rejections.labels(reason="invalid_request").inc()
+            detail = f"the request body is not valid JSON ({reason})"
+            return JSONResponse({"detail": detail}, status_code=422)
+        return JSONResponse(
+            {"detail": error.detail}, status_code=error.status_code, headers=error.headers
+        )
 
     @app.exception_handler(Exception)
     async def internal(request: Request, error: Exception) -> JSONResponse:
@@ -176,6 +202,8 @@ def create_app(
         _check_sentences(sentences)
         warnings: list[str] = []
         ids = translator.encode(sentences, warnings.append, first_line=0, label="text[{}]")
+        if body.attention:
+            check_attention_size(ids, translator.config, settings)
         payload = RequestPayload(search=search, attention=body.attention)
         try:
             ticket = batcher.submit(ids, key=search, payload=payload)
@@ -192,7 +220,7 @@ def create_app(
         results = await _answers(ticket, request)
         fields: dict[str, Any] = {"translations": [r.options[0].text for r in results]}
         if body.nbest is not None:
-            fields["nbest"] = [_candidates(r) for r in results]
+            fields["nbest"] = [_candidates(r, search.nbest) for r in results]
         if body.attention:
             fields["attention"] = [r.attention for r in results]
         if warnings:
@@ -239,6 +267,15 @@ def create_app(
                 limit=settings.max_sentences,
             )
         for i, sentence in enumerate(sentences):
+            if not is_unicode(sentence):
+                raise ApiError(
+                    422,
+                    f"text[{i}] is not valid Unicode text (it holds a lone surrogate, "
+                    f"half of a character's UTF-16 pair)",
+                    reason="invalid_text",
+                    field="text",
+                    index=i,
+                )
             if len(sentence) > settings.max_chars:
                 raise ApiError(
                     422,
@@ -283,6 +320,7 @@ def create_app(
         )
 
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, metrics=metrics)
+    app.add_middleware(BodyDeadline, seconds=settings.read_timeout)
     if settings.cors_origin:
         app.add_middleware(
             CORSMiddleware,
@@ -300,8 +338,12 @@ async def _client_gone(request: Request) -> None:
         pass
 
 
-def _candidates(result: SentenceResult) -> list[Candidate]:
-    return [Candidate(text=o.text, score=round(o.score, 4)) for o in result.options]
+def _candidates(result: SentenceResult, nbest: int) -> list[Candidate]:
+    """Exactly ``nbest`` candidates, as `wtnmt translate --nbest` writes exactly N lines: the
+    places the search found no hypothesis for (an empty sentence has only the empty one) are
+    an empty text with no score (JSON has no -inf)."""
+    found = [Candidate(text=o.text, score=round(o.score, 4)) for o in result.options[:nbest]]
+    return found + [Candidate(text="", score=None)] * (nbest - len(found))
 
 
 def model_info(

@@ -26,6 +26,10 @@ _LIMITS = (  # option, type, help
     ("--max-beam", int, "largest beam and n-best a request may ask for (422 beyond it)"),
     ("--max-queue", int, "sentences waiting for the model before requests get 429"),
     ("--timeout", float, "seconds a request may wait for its translations (503 after it)"),
+    ("--read-timeout", float, "seconds a client may take to send its request body (408)"),
+    ("--max-connections", int, "connections and requests at once (503 beyond them)"),
+    ("--max-attention-sentences", int, "sentences per request that ask for attention maps"),
+    ("--max-attention-cells", int, "attention-map numbers per request, estimated (422)"),
     ("--batch-wait-ms", float, "how long the oldest queued sentence waits for company"),
     ("--batch-tokens", int, "padded source tokens per batch"),
     ("--max-batch-sentences", int, "sentences per batch (1: no batching)"),
@@ -99,8 +103,23 @@ def bind(host: str, port: int) -> socket.socket:
     except OSError as e:
         if sock is not None:
             sock.close()
-        reason = os.strerror(e.errno) if e.errno else str(e)
+        # a name that does not resolve is a gaierror, whose errno (-2) os.strerror knows not
+        reason = e.strerror or (os.strerror(e.errno) if e.errno else str(e))
         raise ConfigError(f"cannot listen on {host}:{port}: {reason}") from None
+
+
+def server_config(app, settings: ServeSettings, *, log_level: str = "info"):  # type: ignore[no-untyped-def]
+    """uvicorn's settings for the app: a cap on connections at once (503 beyond it, so that
+    clients holding connections open cannot take them all) and a short keep-alive."""
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        log_level=log_level,
+        access_log=False,
+        limit_concurrency=settings.max_connections,
+        timeout_keep_alive=5,
+    )
 
 
 def _loopback(host: str) -> bool:
@@ -148,7 +167,7 @@ def main_serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False))
+    server = uvicorn.Server(server_config(app, settings, log_level=args.log_level))
     batcher = app.state.batcher
 
     def serve_http() -> None:
@@ -178,4 +197,4 @@ def main_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["add_arguments", "bind", "main_serve", "settings_from_args"]
+__all__ = ["add_arguments", "bind", "main_serve", "server_config", "settings_from_args"]

@@ -1,4 +1,4 @@
-"""ASGI middleware of the server: the request-body limit and per-request metrics.
+"""ASGI middleware of the server: the request-body limit and deadline, per-request metrics.
 
 Plain ASGI rather than Starlette's ``BaseHTTPMiddleware``, which would stand between the
 endpoint and the connection's ``receive`` (the translate endpoint listens there for the
@@ -7,6 +7,7 @@ client going away).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -69,6 +70,42 @@ class BodyLimit:
         await self.app(scope, counted_receive, send)
 
 
+class BodyDeadline:
+    """408 for a request whose body has not all arrived ``seconds`` after the request began:
+    a client that sends half a body and waits holds nothing of the server's for longer. The
+    connection closes with the answer (its body unread, it cannot carry another request)."""
+
+    def __init__(self, app: ASGIApp, *, seconds: float) -> None:
+        self.app, self.seconds = app, seconds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.seconds
+        complete = False
+
+        async def timed_receive() -> Message:
+            nonlocal complete
+            if complete:  # the body is in: what follows is the client going away
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0.0))
+            except asyncio.TimeoutError:
+                raise ApiError(
+                    408,
+                    f"the request body did not arrive within {self.seconds:g} s",
+                    reason="read_timeout",
+                    limit=self.seconds,
+                ) from None
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                complete = True
+            return message
+
+        await self.app(scope, timed_receive, send)
+
+
 class RequestMetrics:
     """Counts every answer by path and status; times translation requests."""
 
@@ -97,4 +134,4 @@ class RequestMetrics:
                 self.metrics.request_seconds.observe(time.perf_counter() - start)
 
 
-__all__ = ["BodyLimit", "RequestMetrics", "send_json"]
+__all__ = ["BodyDeadline", "BodyLimit", "RequestMetrics", "send_json"]

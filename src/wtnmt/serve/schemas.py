@@ -24,7 +24,7 @@ class TranslateRequest(BaseModel):
         description="translate with the learned κ/α, or replace them by uniform or random "
         "ones (paper Table 3; Weighted Transformer models only)",
     )
-    seed: StrictInt = Field(0, description="seed of random branch weights")
+    seed: StrictInt = Field(0, ge=0, lt=2**63, description="seed of random branch weights")
     attention: StrictBool = Field(
         False, description="also return each sentence's cross-attention maps per branch"
     )
@@ -32,7 +32,9 @@ class TranslateRequest(BaseModel):
 
 class Candidate(BaseModel):
     text: str
-    score: float  # length-normalised log-probability (beam) or log-probability (greedy)
+    # length-normalised log-probability (beam) or log-probability (greedy); null where the
+    # search found no hypothesis for this place (the n-best list has exactly N entries)
+    score: float | None
 
 
 class LayerMaps(BaseModel):

@@ -22,6 +22,12 @@ class ServeSettings:
     max_beam: int = 16  # beam and nbest in 1 … max_beam, nbest ≤ beam (422)
     max_queue: int = 1024  # sentences waiting for the model; a request beyond it gets 429
     timeout: float = 60.0  # seconds a request may wait for its translations (503)
+    read_timeout: float = 10.0  # seconds a client may take to send its body (408)
+    max_connections: int = 256  # open connections and requests at once (503 beyond)
+    # attention maps grow as sentences × layers × branches × target × source tokens: their
+    # own limits (422), estimated before decoding from the longest output allowed
+    max_attention_sentences: int = 16
+    max_attention_cells: int = 500_000
     # dynamic batching: sentences of concurrent requests are gathered for up to batch_wait_ms
     # into length-sorted batches of at most batch_tokens padded source tokens
     batch_wait_ms: float = 5.0
@@ -34,10 +40,15 @@ class ServeSettings:
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_sentences", "max_chars", "max_beam", "max_queue"):
             _at_least(name, getattr(self, name), 1)
-        for name in ("batch_tokens", "max_batch_sentences"):
+        for name in ("batch_tokens", "max_batch_sentences", "max_connections"):
             _at_least(name, getattr(self, name), 1)
-        if not self.timeout > 0:
-            raise ConfigError(f"--timeout {self.timeout}: must be more than 0 seconds")
+        for name in ("max_attention_sentences", "max_attention_cells"):
+            _at_least(name, getattr(self, name), 1)
+        for name in ("timeout", "read_timeout"):
+            value = getattr(self, name)
+            if not 0 < value < float("inf"):
+                option = name.replace("_", "-")
+                raise ConfigError(f"--{option} {value}: must be more than 0 seconds")
         if not 0 <= self.batch_wait_ms <= 10_000:
             raise ConfigError(f"--batch-wait-ms {self.batch_wait_ms}: allowed 0 to 10000")
         if self.max_queue < self.max_sentences:
@@ -47,6 +58,11 @@ class ServeSettings:
             )
         if self.beam is not None and not 1 <= self.beam <= self.max_beam:
             raise ConfigError(f"--beam {self.beam}: allowed 1 to --max-beam {self.max_beam}")
+        if self.api_key is not None and not self.api_key.isprintable():
+            raise ConfigError(
+                f"the API key (--api-key or ${API_KEY_ENV}) has a character a header cannot "
+                f"carry (a control character or a line break)"
+            )
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError(f"the API key (--api-key or ${API_KEY_ENV}) is empty")
 

@@ -4,9 +4,12 @@ installed. Only the main process writes."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import importlib.util
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -15,8 +18,32 @@ from typing import Any
 import torch
 from torch import nn
 
+from wtnmt.errors import TrainingError
 from wtnmt.model import branch_weight_table
 from wtnmt.train.state import TrainState, Window
+
+
+def append_line(path: Path, line: str) -> None:
+    """``line`` and a newline at the end of ``path``, whole or not at all: a write that fails
+    (a full disk) is cut back off, so that the file never ends in half a line, and the run
+    stops with one line saying why."""
+    data = (line + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            written = os.write(fd, data)
+            if written != len(data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise TrainingError(
+                f"{path}: could not be written ({e.strerror}); the run stopped at its last "
+                f"checkpoint: make room, then continue it with --resume"
+            ) from None
+    finally:
+        os.close(fd)
 
 
 class RunReport:
@@ -43,14 +70,12 @@ class RunReport:
         line = f"[{time.strftime('%H:%M:%S')}] {message}"
         if self.to_stderr and stderr:
             print(line, file=sys.stderr, flush=True)
-        with open(self.run_dir / "train.log", "a", encoding="utf-8") as f:
-            f.write(line + "\n")
+        append_line(self.run_dir / "train.log", line)
 
     def record(self, entry: dict[str, Any]) -> None:
         if not self.is_main:
             return
-        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(entry) + "\n")
+        append_line(self.run_dir / "metrics.jsonl", json.dumps(entry))
         writer = self.tensorboard
         if writer is not None:
             for key, value in entry.items():

@@ -1,0 +1,230 @@
+"""A user's mistake is one line on stderr and exit status 2, never a traceback: bad option
+values, files that are not what they should be, damaged logs, grid values checked before
+anything trains."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import tiny_run_config
+from wtnmt.analysis.metrics import read_metrics
+from wtnmt.cli import main as cli
+from wtnmt.config import ConfigError, config_to_dict
+from wtnmt.errors import TrainingError
+from wtnmt.experiment import load_grid
+from wtnmt.train import Trainer
+
+QUIET = {"log_to_stderr": False}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("errors")
+    config = tiny_run_config(tmp, train={"max_steps": 4, "valid_every": 4})
+    Trainer(config, tmp / "run", **QUIET).run()
+    return tmp / "run"
+
+
+def one_line(capsys, command: str, *parts: str) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith(f"wtnmt {command}: error: ") and err.count("\n") == 1, err
+    assert all(part in err for part in parts), err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--samples", "0"], "argument --samples: 0: must be at least 1"),
+        (["--samples", "-5"], "argument --samples: -5: must be at least 1"),
+        (["--beam", "0"], "argument --beam: 0: must be at least 1"),
+    ],
+)
+def test_evaluate_options_are_checked(run_dir, tmp_path, capsys, args, message):
+    (tmp_path / "s").write_text("alpha\n")
+    with pytest.raises(SystemExit) as e:
+        cli(
+            [
+                "evaluate",
+                str(run_dir),
+                "--src",
+                str(tmp_path / "s"),
+                "--ref",
+                str(tmp_path / "s"),
+                *args,
+            ]
+        )
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--threads", "0"], "argument --threads: 0: must be at least 1"),
+        (["--minutes", "0"], "argument --minutes: 0: must be a finite number above 0"),
+        (["--minutes", "nan"], "argument --minutes: nan: must be a finite number above 0"),
+    ],
+)
+def test_demo_options_are_checked_and_blame_the_option(capsys, args, message):
+    with pytest.raises(SystemExit) as e:
+        cli(["demo", *args])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "weighted-small" not in err
+
+
+def test_a_later_evaluate_drops_the_compare_block_and_records_its_source(run_dir, tmp_path):
+    src, ref = tmp_path / "s.txt", tmp_path / "r.txt"
+    src.write_text("alpha beta\n")
+    ref.write_text("AHPLA ATEB\n")
+    base = ["evaluate", str(run_dir), "--src", str(src), "--ref", str(ref)]
+    assert cli([*base, "--compare", str(run_dir), "--samples", "10"]) == 0
+    assert "compare" in json.loads((run_dir / "scores.json").read_text())
+    assert cli(base) == 0
+    scores = json.loads((run_dir / "scores.json").read_text())
+    assert "compare" not in scores  # it compared an earlier evaluation, not this one
+    assert scores["source"] == {"src": str(src), "ref": str(ref)}
+
+
+def test_stdin_and_process_substitution_are_inputs(run_dir):
+    done = subprocess.run(
+        [sys.executable, "-m", "wtnmt.cli", "translate", str(run_dir), "-i", "/dev/stdin"],
+        input="alpha beta\n",
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0 and done.stdout.count("\n") == 1, done.stderr
+    fifo = subprocess.run(  # a pipe given by name, as bash's <(...) gives /dev/fd/63
+        ["bash", "-c", f"{sys.executable} -m wtnmt.cli translate {run_dir} -i <(echo alpha)"],
+        capture_output=True,
+        text=True,
+    )
+    assert fifo.returncode == 0 and fifo.stdout.count("\n") == 1, fifo.stderr
+
+
+def test_a_directory_as_input_is_one_line(run_dir, tmp_path, capsys):
+    assert cli(["translate", str(run_dir), "-i", str(tmp_path)]) == 2
+    one_line(capsys, "translate", "is a directory")
+
+
+def test_paths_through_a_file_are_one_line(run_dir, tmp_path, capsys):
+    (tmp_path / "FILE").write_text("x")
+    blocked = str(tmp_path / "FILE" / "x")
+    src, tgt = tmp_path / "a.xx", tmp_path / "a.yy"
+    src.write_text("alpha\n")
+    tgt.write_text("AHPLA\n")
+    prepare = ["prepare", "--src", str(src), "--tgt", str(tgt), "--src-lang", "xx"]
+    assert cli([*prepare, "--tgt-lang", "yy", "--out", blocked]) == 2
+    one_line(capsys, "prepare", "FILE is a file, not a directory")
+    assert cli(["analyze", str(run_dir), "--out", blocked, "--no-decode"]) == 2
+    one_line(capsys, "analyze", "FILE is a file, not a directory")
+    assert cli(["train", "weighted-tiny", "--out", blocked]) == 2
+    one_line(capsys, "train", "FILE is a file, not a directory")
+
+
+def test_language_names_that_would_name_other_paths_are_refused(tmp_path, capsys):
+    src, tgt = tmp_path / "a.xx", tmp_path / "a.yy"
+    src.write_text("alpha\n")
+    tgt.write_text("AHPLA\n")
+    args = ["prepare", "--src", str(src), "--tgt", str(tgt), "--out", str(tmp_path / "p")]
+    assert cli([*args, "--src-lang", "x/y", "--tgt-lang", "yy"]) == 2
+    one_line(capsys, "prepare", "data.src_lang='x/y'")
+    assert not (tmp_path / "p").exists()
+
+
+def test_config_files_that_are_not_utf8_or_not_yaml_are_one_line(tmp_path, capsys):
+    (tmp_path / "latin.yaml").write_bytes(b"data:\n  corpus: caf\xe9\n")
+    assert cli(["train", str(tmp_path / "latin.yaml"), "--out", str(tmp_path / "r")]) == 2
+    one_line(capsys, "train", "latin.yaml: not UTF-8 text (at byte offset 19)")
+    (tmp_path / "broken.yaml").write_text("data:\n  corpus: [a\n model: {\n")
+    assert cli(["train", str(tmp_path / "broken.yaml"), "--out", str(tmp_path / "r")]) == 2
+    one_line(capsys, "train", "broken.yaml: not valid YAML (", "line 3, column 7")
+
+
+@pytest.mark.parametrize("seed", ["-1", "99999999999999999999", "true"])
+def test_a_bad_seed_is_refused_before_anything_is_written(tmp_path, capsys, seed):
+    out = tmp_path / "run"
+    assert cli(["train", "weighted-tiny", "--set", f"train.seed={seed}", "--out", str(out)]) == 2
+    one_line(capsys, "train", f"--set 'train.seed={seed}'", "train.seed=")
+    assert not out.exists()
+
+
+def test_a_full_disk_while_logging_stops_the_run_in_one_line(tmp_path, monkeypatch):
+    import errno
+
+    from wtnmt.train import report
+
+    config = tiny_run_config(tmp_path, train={"max_steps": 6, "log_every": 2, "valid_every": 6})
+    trainer = Trainer(config, tmp_path / "run", **QUIET)
+    real_write, calls = report.os.write, []
+
+    def full_after_a_while(fd, data):  # the third entry finds the disk full half-way
+        calls.append(data)
+        if b'"step": 6' in data or (len(calls) > 2 and b'"loss"' in data):
+            real_write(fd, data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(report.os, "write", full_after_a_while)
+    with pytest.raises(TrainingError, match=r"metrics\.jsonl: could not be written") as e:
+        trainer.run()
+    assert "\n" not in str(e.value)
+    raw = (tmp_path / "run" / "metrics.jsonl").read_bytes()
+    assert raw.endswith(b"\n")
+    assert all(json.loads(line) for line in raw.splitlines())  # no half line
+
+
+@pytest.mark.parametrize(
+    "damage", [b'{"step": 4, "loss": 1.0', b'{"foo": 1}', b"[1, 2]", b'{"step": "x"}', b"\xff\xfe"]
+)
+def test_a_damaged_metrics_line_is_skipped_with_a_warning(run_dir, tmp_path, capsys, damage):
+    lines = (run_dir / "metrics.jsonl").read_bytes().splitlines(keepends=True)
+    damaged = tmp_path / "metrics.jsonl"
+    damaged.write_bytes(lines[0] + damage + b"\n" + b"".join(lines[1:]))
+    entries = read_metrics(damaged)
+    assert len(entries) == len(lines)
+    err = capsys.readouterr().err
+    assert f"{damaged}:2: not a metrics entry; skipped" in err
+
+
+def write_grid(tmp: Path, **changes) -> Path:  # type: ignore[no-untyped-def]
+    config = tmp / "tiny.yaml"
+    config.write_text(yaml.safe_dump(config_to_dict(tiny_run_config(tmp))))
+    grid = {"out": str(tmp / "runs"), "budget": {"max_steps": 2}, "runs": [
+        {"name": "w", "preset": str(config)}], **changes}  # fmt: skip
+    path = tmp / "grid.yaml"
+    path.write_text(yaml.safe_dump(grid, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"analyze": {"smooth": "abc"}}, "analyze.smooth: expected a positive integer, got 'abc'"),
+        ({"analyze": {"random_seeds": 0}}, "analyze.random_seeds: expected a positive integer"),
+        ({"analyze": {"target_bleu": "x"}}, "analyze.target_bleu: expected a BLEU between"),
+        ({"analyze": {"attention_sentence": -1}}, "analyze.attention_sentence: expected an"),
+        ({"analyze": {"decode": "yes"}}, "analyze.decode: expected true or false"),
+        ({"out": None}, "out: expected a directory path, got None"),
+        ({"analyze": {"out": 3}}, "analyze.out: expected a directory path, got 3"),
+    ],
+)
+def test_grid_values_are_checked_before_anything_trains(tmp_path, changes, message):
+    with pytest.raises(ConfigError, match=None) as e:
+        load_grid(write_grid(tmp_path, **changes))
+    assert message in str(e.value)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "None").exists()
+
+
+def test_a_grid_out_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "taken").write_text("x")
+    with pytest.raises(ConfigError, match=r"out: .*taken: is a file; give a directory"):
+        load_grid(write_grid(tmp_path, out=str(tmp_path / "taken")))

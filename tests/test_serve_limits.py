@@ -1,0 +1,247 @@
+"""The server's limits against what a client can send: bodies it cannot parse, text that is not
+Unicode, out-of-range seeds, attention maps too large to send, clients that send half a body
+and wait, keys outside ASCII; and one rule for n-best lists with the command line."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from serving import LiveServer, train_tiny_run
+from wtnmt import Translator
+from wtnmt.cli import main as cli
+from wtnmt.config import ConfigError
+from wtnmt.serve.app import create_app
+from wtnmt.serve.main import server_config
+from wtnmt.serve.settings import ServeSettings
+
+JSON = {"content-type": "application/json"}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    return train_tiny_run(tmp_path_factory.mktemp("limits"))
+
+
+@pytest.fixture(scope="module")
+def translator(run_dir) -> Translator:
+    return Translator.load(run_dir)
+
+
+@pytest.fixture(scope="module")
+def client(translator):
+    app = create_app(translator, ServeSettings(max_attention_sentences=2))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        yield c
+
+
+@pytest.mark.parametrize(
+    ("raw", "detail"),
+    [
+        (b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "(nested too deeply)"),
+        (b'{"text": "caf\xe9"}', "(not UTF-8 text at byte 13)"),
+        (b'{"text": "a", "seed": ' + b"7" * 5000 + b"}", "(an integer has too many digits)"),
+    ],
+)
+def test_bodies_that_are_not_json_are_422_with_the_reason(client, raw, detail):
+    r = client.post("/v1/translate", content=raw, headers=JSON)
+    assert r.status_code == 422
+    assert r.json() == {"detail": f"the request body is not valid JSON {detail}"}
+
+
+def test_text_that_is_not_unicode_is_422_naming_the_sentence(client):
+    r = client.post("/v1/translate", content=b'{"text": ["ok", "a\\ud800b"]}', headers=JSON)
+    assert r.status_code == 422
+    assert (r.json()["field"], r.json()["index"]) == ("text", 1)
+    assert "lone surrogate" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("seed", [2**63, 2**70, -1])
+def test_a_seed_out_of_range_is_422(client, seed):
+    r = client.post("/v1/translate", json={"text": "a", "branch_weights": "random", "seed": seed})
+    assert r.status_code == 422 and r.json()["field"] == "seed"
+    ok = client.post(
+        "/v1/translate", json={"text": "a", "branch_weights": "random", "seed": 2**63 - 1}
+    )
+    assert ok.status_code == 200
+
+
+def test_attention_maps_are_bounded_before_decoding(client, translator):
+    three = ["alpha beta", "gamma", "delta"]
+    r = client.post("/v1/translate", json={"text": three, "attention": True})
+    assert r.status_code == 422
+    assert (r.json()["field"], r.json()["limit"]) == ("attention", 2)
+    assert (
+        client.post("/v1/translate", json={"text": three[:2], "attention": True}).status_code == 200
+    )
+    long = " ".join(["alpha"] * 150)  # 150 pieces or more: ~ 2·4·236·151 numbers
+    r = client.post("/v1/translate", json={"text": [long, long], "attention": True})
+    assert r.status_code == 422 and r.json()["limit"] == 500_000
+    assert "could hold" in r.json()["detail"]
+    assert client.post("/v1/translate", json={"text": [long, long]}).status_code == 200
+
+
+def test_nbest_has_exactly_n_entries_as_on_the_command_line(client, run_dir, tmp_path, capsys):
+    r = client.post("/v1/translate", json={"text": ["", "alpha beta"], "beam": 3, "nbest": 3})
+    assert r.status_code == 200
+    nbest = r.json()["nbest"]
+    assert [len(n) for n in nbest] == [3, 3]
+    assert nbest[0][0] == {"text": "", "score": 0.0}
+    assert nbest[0][1:] == [{"text": "", "score": None}] * 2
+    (tmp_path / "in.txt").write_text("\nalpha beta\n")
+    assert cli(["translate", str(run_dir), "-i", str(tmp_path / "in.txt"), "--beam", "3",
+                "--nbest", "3"]) == 0  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" ||| ")[0] for line in lines] == ["0"] * 3 + ["1"] * 3
+    assert [line.endswith("-inf") for line in lines[:3]] == [False, True, True]
+
+
+def test_a_key_outside_ascii_matches_its_utf8_form(translator):
+    app = create_app(translator, ServeSettings(api_key="clé-ключ"))
+    with TestClient(app) as c:
+        good = {b"authorization": "Bearer clé-ключ".encode()}
+        r = c.post(
+            "/v1/translate",
+            content=b'{"text": "a"}',
+            headers={**good, b"content-type": b"application/json"},
+        )
+        assert r.status_code == 200, r.text
+        wrong = {b"authorization": "Bearer cle-ключ".encode(), b"content-type": b"application/json"}
+        assert c.post("/v1/translate", content=b'{"text": "a"}', headers=wrong).status_code == 401
+
+
+def test_a_run_whose_beam_exceeds_max_beam_is_refused_at_start(translator, run_dir, capsys):
+    with pytest.raises(ConfigError, match=r"decode\.beam=4 exceeds --max-beam 2"):
+        create_app(translator, ServeSettings(max_beam=2))
+    assert cli(["serve", str(run_dir), "--port", "0", "--max-beam", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "exceeds --max-beam 2: raise --max-beam, or give --beam" in err
+
+
+def test_a_host_that_does_not_resolve_is_one_line(run_dir, capsys):
+    assert cli(["serve", str(run_dir), "--host", "foo.invalid", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("wtnmt serve: error: cannot listen on foo.invalid:0: ")
+    assert "Unknown error" not in err and err.count("\n") == 1
+
+
+class Live(LiveServer):
+    """The real server with the command's own uvicorn settings (connection cap, keep-alive)."""
+
+    def __init__(self, app, settings: ServeSettings) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(app)
+        import uvicorn
+
+        self.server = uvicorn.Server(server_config(app, settings, log_level="warning"))
+        self.thread.__init__(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+
+def _half_a_body(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    conn = socket.create_connection((host, int(port)))
+    conn.sendall(
+        b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 100\r\n\r\n{"text": "al'
+    )
+    return conn
+
+
+def test_a_slow_client_gets_408_and_the_connection_back(translator):
+    settings = ServeSettings(read_timeout=1.0)
+    with Live(create_app(translator, settings), settings) as live:
+        slow = [_half_a_body(live.url) for _ in range(20)]
+        start = time.monotonic()
+        for conn in slow:
+            conn.settimeout(10)
+            answer = b""
+            while chunk := conn.recv(4096):  # read until the server closes the connection
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 408 "), answer[:100]
+            assert b"did not arrive within 1 s" in answer
+            conn.close()
+        assert time.monotonic() - start < 8  # each was let go at its deadline, not later
+        assert httpx.post(live.url + "/v1/translate", json={"text": "a"}).status_code == 200
+
+
+def test_connections_beyond_the_cap_are_refused_not_queued(translator):
+    settings = ServeSettings(read_timeout=30.0, max_connections=4)
+    with Live(create_app(translator, settings), settings) as live:
+        held = [_half_a_body(live.url) for _ in range(4)]
+        time.sleep(0.5)
+        r = httpx.post(live.url + "/v1/translate", json={"text": "a"}, timeout=10)
+        assert r.status_code == 503
+        for conn in held:
+            conn.close()
+
+
+def test_oversized_attention_against_the_real_server(translator):
+    settings = ServeSettings(max_attention_cells=10_000)
+    with Live(create_app(translator, settings), settings) as live:
+        long = " ".join(["alpha"] * 40)
+        r = httpx.post(live.url + "/v1/translate", json={"text": [long] * 4, "attention": True})
+        assert r.status_code == 422 and r.json()["field"] == "attention"
+        assert len(r.content) < 1000  # refused before anything was decoded or sent
+        r = httpx.post(live.url + "/v1/translate", json={"text": "alpha", "attention": True})
+        assert r.status_code == 200
+
+
+# any JSON value in any field, or any bytes at all: an answer, never a 500
+FIELDS = ["text", "beam", "nbest", "branch_weights", "seed", "attention", "other"]
+values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=30),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(body=st.dictionaries(st.sampled_from(FIELDS), values, max_size=4))
+def test_no_json_body_makes_the_server_fail(client, body):
+    r = client.post("/v1/translate", content=json.dumps(body).encode(), headers=JSON)
+    assert r.status_code in (200, 422), (body, r.status_code, r.text)
+    assert "detail" in r.json() or "translations" in r.json()
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(raw=st.binary(max_size=60))
+def test_no_bytes_make_the_server_fail(client, raw):
+    r = client.post("/v1/translate", content=raw, headers=JSON)
+    assert r.status_code in (200, 422), (raw, r.status_code, r.text)
+
+
+def test_serve_with_a_half_body_client_from_another_process(run_dir, tmp_path):
+    """`wtnmt serve` itself: its --read-timeout reaches the real server."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wtnmt.cli", "serve", str(run_dir), "--port", "0",
+         "--read-timeout", "1"],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = proc.stderr.readline()
+        url = line.split(" at ")[1].split("/ ")[0]
+        deadline = time.monotonic() + 60
+        while httpx.get(url + "/ready").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        conn = _half_a_body(url)
+        conn.settimeout(10)
+        assert conn.recv(4096).startswith(b"HTTP/1.1 408 ")
+        conn.close()
+    finally:
+        proc.terminate()
+        proc.wait(30)
