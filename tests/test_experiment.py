@@ -308,3 +308,12 @@ def test_a_signal_to_the_runner_alone_stops_its_runs_at_a_checkpoint(tmp_path, s
     assert "interrupted at step" in (run / "train.log").read_text()
     grid = load_grid(path)
     assert plan_task(grid.runs[0], grid).what == "resume"
+
+
+GRIDS = sorted((Path(__file__).resolve().parent.parent / "experiments").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", GRIDS, ids=[p.name for p in GRIDS])
+def test_every_committed_grid_loads(path):
+    grid = load_grid(path)
+    assert grid.runs and all(spec.config() for spec in grid.runs)
