@@ -113,7 +113,9 @@ def test_analyze_draws_every_figure_and_the_numbers_are_the_recorded_ones(runs, 
         assert (out / name).stat().st_size > 1000, name
     assert not (out / "kappa_alpha-transformer-s1.png").exists()  # no κ, α to draw
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == len(result["figures"]) == 6
+    linked = re.findall(r"<img alt='[^']*' src='([^']+)'>", html)
+    assert linked == [f["file"] for f in result["figures"]] and len(linked) == 6
+    assert all((out / name).is_file() for name in linked) and "base64" not in html
     assert "http://" not in html and "https://" not in html  # nothing fetched
     summary = (out / "summary.md").read_text()
     rows = {r[0]: r for r in _markdown_table(summary, "Runs")}

@@ -3,6 +3,7 @@ one resumed, every run scored and the grid analyzed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -317,3 +318,44 @@ GRIDS = sorted((Path(__file__).resolve().parent.parent / "experiments").glob("*.
 def test_every_committed_grid_loads(path):
     grid = load_grid(path)
     assert grid.runs and all(spec.config() for spec in grid.runs)
+
+
+def _committable(root: Path) -> list[Path]:
+    """The files under experiments/ that git would commit: tracked, or new and not ignored."""
+    done = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "experiments"],
+        cwd=root, capture_output=True, text=True,
+    )  # fmt: skip
+    if done.returncode != 0:  # not a git checkout: every file there
+        return [p for p in (root / "experiments").rglob("*") if p.is_file()]
+    return [root / line for line in done.stdout.splitlines() if (root / line).is_file()]
+
+
+def test_committed_results_stay_small():
+    root = Path(__file__).resolve().parent.parent
+    files = _committable(root)
+    assert files, "no results found under experiments/"
+    big = [f"{p.relative_to(root)} ({p.stat().st_size:,} bytes)" for p in files
+           if p.stat().st_size > 1 << 20]  # fmt: skip
+    assert not big, f"files over 1 MiB under experiments/: {big}"
+    kinds = {p.suffix for p in files}
+    assert not kinds & {".safetensors", ".pt", ".html", ".log"}, kinds
+
+
+@pytest.mark.parametrize("name", ["multi30k-en-de.yaml", "multi30k-ablations.yaml"])
+def test_committed_runs_are_skipped_without_their_weights_logs_or_reports(tmp_path, name):
+    """A clone holds only the small results: the runner knows each run as done and
+    `analyze` draws its report again from them."""
+    import shutil
+
+    root = Path(__file__).resolve().parent.parent
+    grid = load_grid(root / "experiments" / name)
+    for spec in grid.runs:
+        run = root / spec.run_dir
+        assert not (run / "checkpoints").exists() or not any((run / "checkpoints").iterdir())
+        assert plan_task(dataclasses.replace(spec, run_dir=run), grid) is None, spec.name
+    first = root / grid.runs[0].run_dir
+    copy = tmp_path / first.name
+    shutil.copytree(first, copy)
+    assert main(["analyze", str(copy), "--out", str(tmp_path / "report"), "--no-decode"]) == 0
+    assert (tmp_path / "report" / "report.html").is_file()

@@ -1,6 +1,6 @@
 """`wtnmt analyze RUN [RUN ...]`: the figures of the papers and the tables of numbers behind
-them, as PNG files, a Markdown summary (``summary.md``), one self-contained HTML report
-(``report.html``, figures embedded, nothing fetched) and ``analysis.json``.
+them, as PNG files, a Markdown summary (``summary.md``), an HTML report (``report.html``, the
+figures linked beside it, nothing fetched) and ``analysis.json``.
 
 Everything is read from what the runs recorded (metrics.jsonl, scores.json, config.yaml) and
 their weights; nothing is retrained. What needs decoding (branch weights replaced at test
@@ -10,7 +10,6 @@ time, test BLEU at equal steps, the attention maps, the bootstrap) is cached und
 
 from __future__ import annotations
 
-import base64
 import html
 import json
 from collections.abc import Callable
@@ -354,11 +353,11 @@ def render_html(tables: list[Table], pictures: list[tuple[str, Path]]) -> str:
         parts.append("</table>")
         if t.note:
             parts.append(f"<p class='note'>{html.escape(t.note)}</p>")
-    for caption, path in pictures:
-        data = base64.b64encode(path.read_bytes()).decode("ascii")
+    for caption, path in pictures:  # linked, beside the page: a copy inside it would
+        # double the report's size in every repository that keeps the figures
         parts.append(
             f"<h2>{html.escape(caption)}</h2><img alt='{html.escape(caption)}' "
-            f"src='data:image/png;base64,{data}'>"
+            f"src='{html.escape(path.name)}'>"
         )
     parts.append("</body></html>\n")
     return "\n".join(parts)
