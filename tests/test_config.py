@@ -163,3 +163,19 @@ def test_a_set_value_that_is_not_yaml_is_named(text):
 def test_every_numeric_key_is_range_checked_on_load(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config("weighted-tiny", [override])
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("decoder_self_attention", "weighted"),
+        ("branch_ffn", "shared"),
+        ("branch_weights", "fixed"),
+        ("branch_topk", 3),
+        ("branch_init", "uniform"),
+    ],
+)
+def test_branched_only_options_are_refused_on_a_transformer(key, value):
+    with pytest.raises(ConfigError, match=rf"model\.{key}=.*Weighted Transformer only"):
+        load_config("transformer-tiny", [f"model.{key}={value}"])
+    assert getattr(load_config("weighted-tiny", [f"model.{key}={value}"]).model, key) == value

@@ -134,6 +134,10 @@ def test_a_damaged_vocabulary_is_one_line(trained, capsys):
     (trained / "spm.model").write_bytes(b"this is no sentencepiece model")
     code, err = _translate(trained, capsys)
     assert code == 2 and err.count("\n") == 1
+    assert f"{trained / 'spm.model'}: the vocabulary is damaged" in err  # by its checksum
+    (trained / "spm.model.sha256").unlink()  # a run from before the checksum
+    code, err = _translate(trained, capsys)
+    assert code == 2 and err.count("\n") == 1
     assert f"{trained / 'spm.model'}: not a readable sentencepiece model" in err
 
 

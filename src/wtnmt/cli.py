@@ -4,9 +4,7 @@ commands themselves are in ``wtnmt.commands``)."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from collections.abc import Callable
 from typing import NoReturn
 
 from wtnmt.commands import (
@@ -20,7 +18,7 @@ from wtnmt.commands import (
     cmd_train,
     cmd_translate,
 )
-from wtnmt.config import ConfigError
+from wtnmt.guard import run_guarded
 
 
 class _Parser(argparse.ArgumentParser):
@@ -266,35 +264,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="say what is left to do, do nothing")
     p.set_defaults(func=cmd_experiment)
     return parser
-
-
-def run_guarded(command: str, body: Callable[[], int]) -> int:
-    """Run a command's body: a user's mistake is one line on stderr and exit status 2, Ctrl-C
-    is 130, never a traceback."""
-    from wtnmt.data import DataError
-    from wtnmt.errors import CheckpointError, TrainingError
-
-    try:
-        return body()
-    except (ConfigError, DataError, TrainingError, CheckpointError) as e:
-        print(f"wtnmt {command}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"wtnmt {command}: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        # the reader went away (`wtnmt translate | head -1`): stdout can take no more, not
-        # even the interpreter's last flush
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        print(
-            f"wtnmt {command}: error: the output was closed before it was all written",
-            file=sys.stderr,
-        )
-        return 2
-    except OSError as e:  # a full disk, a device that refuses writes, a file gone
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"wtnmt {command}: error: {where}{e.strerror or e}", file=sys.stderr)
-        return 2
 
 
 def main(argv: list[str] | None = None) -> int:

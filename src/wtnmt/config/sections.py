@@ -66,6 +66,14 @@ class ModelConfig:
                 f"model.d_ff={self.d_ff} is not divisible by model.heads={self.heads}: "
                 "branch_ffn: split gives each of the M branches an FFN of width d_ff/M"
             )
+        if self.attention == "multihead":  # options a Transformer would silently ignore
+            for name, default in _BRANCHED_ONLY.items():
+                if getattr(self, name) != default:
+                    raise ConfigError(
+                        f"model.{name}={getattr(self, name)!r} applies to the Weighted "
+                        f"Transformer only (model.attention: branched); this model has "
+                        f"model.attention: multihead"
+                    )
         if self.branch_weights == "topk" and self.branch_topk > self.heads:
             raise ConfigError(
                 f"model.branch_topk={self.branch_topk} exceeds the number of branches "
@@ -75,6 +83,16 @@ class ModelConfig:
     @property
     def branches(self) -> int:
         return self.heads
+
+
+# the Weighted Transformer's own options and their defaults
+_BRANCHED_ONLY = {
+    "decoder_self_attention": "multihead",
+    "branch_ffn": "split",
+    "branch_weights": "simplex",
+    "branch_topk": 2,
+    "branch_init": "random",
+}
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":  # the runner's child process; errors as the command line gives them
-    from wtnmt.cli import run_guarded
+    from wtnmt.guard import run_guarded
 
     sys.exit(run_guarded("experiment", lambda: main(sys.argv[1:])))

@@ -5,6 +5,7 @@ from wtnmt.model.branch_weights import (
     branch_weight_table,
     branch_weights_overridden,
     override_branch_weights,
+    project_branch_weights,
 )
 from wtnmt.model.build import build_model
 from wtnmt.model.outputs import (
@@ -15,7 +16,7 @@ from wtnmt.model.outputs import (
     ModelOutput,
 )
 from wtnmt.model.packed import decoding_mode, quantize_decoding
-from wtnmt.model.simplex import project_branch_weights, project_simplex
+from wtnmt.model.simplex import project_simplex
 from wtnmt.model.transformer import DecoderCache, Seq2Seq, count_parameters
 
 __all__ = [

@@ -68,6 +68,21 @@ class BranchWeights(nn.Module):
 
 
 @torch.no_grad()
+def project_branch_weights(model: nn.Module) -> int:
+    """Project κ and α of every branched module of ``model`` that uses simplex weights.
+
+    Returns how many weight vectors were projected. Call after every optimizer step.
+    """
+    count = 0
+    for module in model.modules():
+        if isinstance(module, BranchWeights) and module.mode not in ("softmax", "fixed"):
+            module.kappa.copy_(project_simplex(module.kappa))
+            module.alpha.copy_(project_simplex(module.alpha))
+            count += 2
+    return count
+
+
+@torch.no_grad()
 def override_branch_weights(model: nn.Module, how: OverrideMode, *, seed: int = 0) -> None:
     """Replace the learned κ, α of every branched module in place (paper §4.4, Table 3).
 
@@ -121,5 +136,5 @@ __all__ = [
     "branch_weight_table",
     "branch_weights_overridden",
     "override_branch_weights",
-    "project_simplex",
+    "project_branch_weights",
 ]

@@ -6,7 +6,7 @@ The paper keeps κ and α on the simplex "by projection" after every training st
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 
 def project_simplex(v: Tensor) -> Tensor:
@@ -27,18 +27,4 @@ def project_simplex(v: Tensor) -> Tensor:
     return (v - theta).clamp_min(0.0)
 
 
-@torch.no_grad()
-def project_branch_weights(model: nn.Module) -> int:
-    """Project κ and α of every branched module of ``model`` that uses simplex weights.
-
-    Returns how many weight vectors were projected. Call after every optimizer step.
-    """
-    from wtnmt.model.branch_weights import BranchWeights
-
-    count = 0
-    for module in model.modules():
-        if isinstance(module, BranchWeights) and module.mode not in ("softmax", "fixed"):
-            module.kappa.copy_(project_simplex(module.kappa))
-            module.alpha.copy_(project_simplex(module.alpha))
-            count += 2
-    return count
+__all__ = ["project_simplex"]

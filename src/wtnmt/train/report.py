@@ -46,6 +46,22 @@ def append_line(path: Path, line: str) -> None:
         os.close(fd)
 
 
+def progress_bar(train, state: TrainState):  # type: ignore[no-untyped-def]
+    """A tqdm bar of the run: of seconds for a wall-clock budget (its estimate is then the
+    time left), of steps otherwise."""
+    from tqdm import tqdm
+
+    if train.max_steps is None and train.max_time is not None:
+        return tqdm(
+            total=round(train.max_time),
+            initial=round(state.elapsed),
+            unit="s",
+            dynamic_ncols=True,
+            bar_format="{l_bar}{bar}| {n:.0f}/{total}s [{elapsed}<{remaining}{postfix}]",
+        )
+    return tqdm(total=train.max_steps, initial=state.step, unit="step", dynamic_ncols=True)
+
+
 class RunReport:
     def __init__(self, run_dir: Path, *, is_main: bool, to_stderr: bool) -> None:
         self.run_dir, self.is_main, self.to_stderr = run_dir, is_main, to_stderr
@@ -133,4 +149,4 @@ class RunReport:
         self.log(text, stderr=progress is None)
 
 
-__all__ = ["RunReport"]
+__all__ = ["RunReport", "append_line", "progress_bar"]

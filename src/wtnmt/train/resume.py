@@ -1,91 +1,105 @@
 """Saving and restoring a training run's whole state: weights, optimizer, loss scaler,
 schedule position, every process's random state, and what a resume is checked against (the
-config and the vocabulary's hash). Functions of the trainer, as fairseq's checkpoint_utils."""
+config and the vocabulary's hash). Plain functions of the parts they touch, as fairseq's
+checkpoint_utils; the trainer applies what a restore returns."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from typing import TYPE_CHECKING
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
-from wtnmt.config import config_to_dict
+from wtnmt.config import RunConfig, config_to_dict
 from wtnmt.errors import TrainingError
 from wtnmt.rundir import latest_checkpoint, load_weights, prune_checkpoints, save_checkpoint
 from wtnmt.train.state import TrainState
 
-if TYPE_CHECKING:
-    from wtnmt.train.trainer import Trainer
+
+@dataclass(frozen=True)
+class Resumed:
+    """What a checkpoint gives back to continue from."""
+
+    path: Path  # the checkpoint's state file
+    state: TrainState
+    precision: str | None  # train.precision the run was trained in, where recorded
+    processes: int  # how many processes saved it (each with its own random state)
 
 
-def save_training(trainer: Trainer) -> None:
-    """A checkpoint of the whole training state (every rank takes part; rank 0 writes)."""
+def save_training(
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    state: TrainState,
+    config: RunConfig,
+    vocabulary: dict[str, str | None],
+    ckpt_dir: Path,
+    is_main: bool,
+    world: int,
+) -> None:
+    """A checkpoint of the whole training state (every rank takes part; rank 0 writes).
+    ``vocabulary``: the hashes a resume checks (``vocab_sha256`` of the file's bytes,
+    ``vocabulary_sha256`` of its pieces)."""
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state()
-    every_rank = [rng]
-    if trainer.world > 1:  # each rank's own dropout stream, so that a resume is exact
-        every_rank = [None] * trainer.world
+    every_rank: list[Any] = [rng]
+    if world > 1:  # each rank's own dropout stream, so that a resume is exact
+        every_rank = [None] * world
         dist.all_gather_object(every_rank, rng)
-    if trainer.is_main:
-        state = {
-            "train_state": asdict(trainer.state),
-            "optimizer": trainer.optimizer.state_dict(),
-            "scaler": trainer.scaler.state_dict(),
+    if is_main:
+        saved = {
+            "train_state": asdict(state),
+            "optimizer": optimizer.state_dict(),
+            "scaler": scaler.state_dict(),
             "rng": rng,
             "rng_per_rank": every_rank,
-            "config": config_to_dict(trainer.config),  # what a resume is checked against
-            "vocab_sha256": trainer.vocab_sha256,  # the file's bytes
-            "vocabulary_sha256": trainer.vocabulary_sha256,  # its pieces: what a resume checks
+            "config": config_to_dict(config),  # what a resume is checked against
+            **vocabulary,
         }
         try:
-            save_checkpoint(trainer.ckpt_dir, trainer.state.step, trainer.model, state)
+            save_checkpoint(ckpt_dir, state.step, model, saved)
         except OSError as e:  # a full disk, a lost mount: the last checkpoint is untouched
-            found = latest_checkpoint(trainer.ckpt_dir, warn=lambda _: None)
+            found = latest_checkpoint(ckpt_dir, warn=lambda _: None)
             kept = f"{found[0].name} is intact" if found else "there is no earlier one"
             raise TrainingError(
-                f"cannot write the checkpoint of step {trainer.state.step} in {trainer.ckpt_dir}: "
+                f"cannot write the checkpoint of step {state.step} in {ckpt_dir}: "
                 f"{e.strerror or e}; {kept}"
             ) from None
-        best = trainer.ckpt_dir / f"step_{trainer.state.best_step or 0:07d}.state.pt"
-        prune_checkpoints(trainer.ckpt_dir, trainer.tc.keep_checkpoints, protect={best})
-    if trainer.world > 1:
+        best = ckpt_dir / f"step_{state.best_step or 0:07d}.state.pt"
+        prune_checkpoints(ckpt_dir, config.train.keep_checkpoints, protect={best})
+    if world > 1:
         dist.barrier()
 
 
-def resume_training(trainer: Trainer) -> None:
-    """Continue exactly where the run's last complete checkpoint left off."""
-    found = trainer._resume_from or latest_checkpoint(trainer.ckpt_dir, warn=trainer.log)
-    if found is None:
-        raise TrainingError(f"--resume: no complete checkpoint in {trainer.ckpt_dir}")
-    path, state = found
-    load_weights(trainer.model, path.with_name(path.name.replace(".state.pt", ".safetensors")))
-    trainer.optimizer.load_state_dict(state["optimizer"])
-    trainer.scaler.load_state_dict(state["scaler"])
-    trainer.state = TrainState(**state["train_state"])
-    trainer.state.finished = None
-    per_rank = state.get("rng_per_rank") or [state["rng"]]
-    rng = per_rank[trainer.rank] if len(per_rank) == trainer.world else state["rng"]
-    if len(per_rank) != trainer.world:
-        trainer.log(f"warning: saved with {len(per_rank)} processes, resumed with {trainer.world}")
+def restore_training(
+    found: tuple[Path, dict[str, Any]],
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    rank: int,
+    world: int,
+) -> Resumed:
+    """Load a checkpoint (its state file and saved dict) into the model, optimizer, scaler
+    and this process's random state; the rest is returned for the trainer to apply."""
+    path, saved = found
+    load_weights(model, path.with_name(path.name.replace(".state.pt", ".safetensors")))
+    optimizer.load_state_dict(saved["optimizer"])
+    scaler.load_state_dict(saved["scaler"])
+    state = TrainState(**saved["train_state"])
+    state.finished = None
+    per_rank = saved.get("rng_per_rank") or [saved["rng"]]
+    rng = per_rank[rank] if len(per_rank) == world else saved["rng"]
     torch.set_rng_state(rng["cpu"])
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state(rng["cuda"])
-    trainer.log(
-        f"resumed from {path.name}: step {trainer.state.step}, epoch {trainer.state.epoch}, "
-        f"batch {trainer.state.batch_in_epoch}"
-    )
-    # train.precision: auto keeps the precision the run was trained in (fp32 was the default
-    # before auto); a precision stated for the resume is used as stated
-    recorded = (state.get("config") or {}).get("train", {}).get("precision")
-    if trainer.tc.precision == "auto" and recorded in ("fp32", "bf16"):
-        if recorded != trainer.precision:
-            trainer.log(
-                f"train.precision=auto: continuing in {recorded}, as the run was trained "
-                f"(set train.precision to change it)"
-            )
-        trainer.precision = recorded
+    precision = (saved.get("config") or {}).get("train", {}).get("precision")
+    return Resumed(path=path, state=state, precision=precision, processes=len(per_rank))
 
 
-__all__ = ["resume_training", "save_training"]
+__all__ = ["Resumed", "restore_training", "save_training"]

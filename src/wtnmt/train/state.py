@@ -41,6 +41,14 @@ class Window:
     updates: int = 0
     start: float = field(default_factory=time.perf_counter)
 
+    def add(self, loss: float, nll: float, tokens: int, grad_norm: float) -> None:
+        """One more update's sums."""
+        self.loss += loss
+        self.nll += nll
+        self.tokens += tokens
+        self.grad_norm += grad_norm
+        self.updates += 1
+
 
 class InterruptFlag:
     """Turns the first Ctrl-C into a flag the loop reads between updates, so that the

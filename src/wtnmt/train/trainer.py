@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
-import time
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -29,21 +27,19 @@ from wtnmt.data import Batch, ParallelData, Vocabulary, plan_batches, prepare
 from wtnmt.data.corpora import sha256_of
 from wtnmt.data.vocab import vocabulary_sha256
 from wtnmt.errors import TrainingError
-from wtnmt.model import BranchWeights, build_model, project_branch_weights
-from wtnmt.rundir import (
-    RunDirectory,
-    save_weights,
-)
+from wtnmt.model import BranchWeights, build_model
+from wtnmt.rundir import RunDirectory, latest_checkpoint, save_weights
 from wtnmt.runtime import bound_onednn_caches, resolve_precision
+from wtnmt.train.loop import TrainingLoop
 from wtnmt.train.report import RunReport
-from wtnmt.train.resume import resume_training, save_training
+from wtnmt.train.resume import restore_training, save_training
 from wtnmt.train.schedule import branch_weights_frozen, learning_rates, step_budget, stop_reason
-from wtnmt.train.state import InterruptFlag, TrainState, Window, make_adam, resolve_device
-from wtnmt.train.update import update
+from wtnmt.train.state import TrainState, make_adam, resolve_device
+from wtnmt.train.update import Learner, UpdateResult, update
 from wtnmt.train.validation import valid_references, validate
 
 
-class Trainer:
+class Trainer(TrainingLoop):
     def __init__(
         self,
         config: RunConfig,
@@ -148,10 +144,53 @@ class Trainer:
         self.report.record(entry)
 
     def save(self) -> None:
-        save_training(self)
+        save_training(
+            model=self.model,
+            optimizer=self.optimizer,
+            scaler=self.scaler,
+            state=self.state,
+            config=self.config,
+            vocabulary={
+                "vocab_sha256": self.vocab_sha256,  # the file's bytes
+                "vocabulary_sha256": self.vocabulary_sha256,  # its pieces: what resume checks
+            },
+            ckpt_dir=self.ckpt_dir,
+            is_main=self.is_main,
+            world=self.world,
+        )
 
     def _resume(self) -> None:
-        resume_training(self)
+        """Continue exactly where the run's last complete checkpoint left off."""
+        found = self._resume_from or latest_checkpoint(self.ckpt_dir, warn=self.log)
+        if found is None:
+            raise TrainingError(f"--resume: no complete checkpoint in {self.ckpt_dir}")
+        resumed = restore_training(
+            found,
+            model=self.model,
+            optimizer=self.optimizer,
+            scaler=self.scaler,
+            rank=self.rank,
+            world=self.world,
+        )
+        self.state = resumed.state
+        s = self.state
+        if resumed.processes != self.world:
+            self.log(
+                f"warning: saved with {resumed.processes} processes, resumed with {self.world}"
+            )
+        self.log(
+            f"resumed from {resumed.path.name}: step {s.step}, epoch {s.epoch}, batch "
+            f"{s.batch_in_epoch}"
+        )
+        # train.precision: auto keeps the precision the run was trained in (fp32 was the
+        # default before auto); a precision stated for the resume is used as stated
+        if self.tc.precision == "auto" and resumed.precision in ("fp32", "bf16"):
+            if resumed.precision != self.precision:
+                self.log(
+                    f"train.precision=auto: continuing in {resumed.precision}, as the run was "
+                    f"trained (set train.precision to change it)"
+                )
+            self.precision = resumed.precision
 
     # ---------------------------------------------------------------------------------------
     # One update
@@ -174,11 +213,19 @@ class Trainer:
             self.optimizer.param_groups[1]["lr"] = lr_b
         return lr, lr_b
 
-    def update(
-        self, batches: list[Batch], *, want_ratio: bool = False
-    ) -> tuple[float, float, int, float, float | None]:
+    def update(self, batches: list[Batch], *, want_ratio: bool = False) -> UpdateResult:
         """One optimizer update over ``batches`` (see ``train.update``)."""
-        return update(self, batches, want_ratio=want_ratio)
+        learner = Learner(
+            model=self.model,
+            ddp=self.ddp,
+            optimizer=self.optimizer,
+            scaler=self.scaler,
+            device=self.device,
+            world=self.world,
+            config=self.tc,
+            autocast=self._autocast,
+        )
+        return update(learner, batches, want_ratio=want_ratio)
 
     # ---------------------------------------------------------------------------------------
     # Validation
@@ -285,119 +332,3 @@ class Trainer:
             self.rundir.unlock()
             if self._owns_group and dist.is_initialized():  # not left to the exit, where a
                 dist.destroy_process_group()  # rank's gloo threads could abort the process
-
-    def _train(self) -> TrainState:
-        s, tc = self.state, self.tc
-        self.model.train()
-        save_every = tc.save_every or tc.valid_every
-        progress = None
-        if self.is_main and self.log_to_stderr and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            if tc.max_steps is None and tc.max_time is not None:  # a wall-clock budget:
-                # the bar counts seconds, so its estimate is the time left
-                progress = tqdm(
-                    total=round(tc.max_time),
-                    initial=round(s.elapsed),
-                    unit="s",
-                    dynamic_ncols=True,
-                    bar_format="{l_bar}{bar}| {n:.0f}/{total}s [{elapsed}<{remaining}{postfix}]",
-                )
-            else:
-                progress = tqdm(total=tc.max_steps, initial=s.step, unit="step", dynamic_ncols=True)
-        self.log(
-            f"training {sum(p.numel() for p in self.model.parameters()):,} parameters "
-            f"on {self.device} ({self.world} process{'es' if self.world > 1 else ''}) in "
-            f"{self._precision_label()}, {len(self.train_data):,} training pairs"
-        )
-        window, lr, lr_b = Window(), 0.0, 0.0
-        budget = self._step_budget()
-        reason = self._stop_reason()
-        interrupted = InterruptFlag()  # Ctrl-C stops at the next update boundary
-        try:
-            while reason is None:
-                batches = self._epoch_batches(s.epoch)
-                while reason is None and s.batch_in_epoch < len(batches):
-                    group = batches[s.batch_in_epoch : s.batch_in_epoch + tc.update_freq]
-                    start = time.perf_counter()
-                    frozen = self._frozen(budget)
-                    lr, lr_b = self._set_lr(frozen)
-                    want_ratio = tc.grad_ratio and (s.step + 1) % tc.log_every == 0
-                    try:
-                        loss, nll, tokens, gnorm, ratio = self.update(
-                            [self.train_data.collate(i) for i in group], want_ratio=want_ratio
-                        )
-                    except FloatingPointError as e:
-                        s.nonfinite_total += 1
-                        s.nonfinite_run += 1
-                        self.log(
-                            f"warning: step {s.step + 1}: non-finite {e}; update skipped "
-                            f"({s.nonfinite_run} in a row)"
-                        )
-                        if s.nonfinite_run >= tc.max_nonfinite:
-                            s.batch_in_epoch += len(group)
-                            self.save()
-                            raise TrainingError(
-                                f"{s.nonfinite_run} non-finite updates in a row up to step "
-                                f"{s.step + 1}; checkpoint saved in {self.ckpt_dir} for "
-                                "inspection (lower the learning rate or enable clip_norm)"
-                            ) from None
-                        s.batch_in_epoch += len(group)
-                        continue
-                    s.nonfinite_run = 0
-                    if not frozen and self.config.model.branch_weights != "softmax":
-                        project_branch_weights(self.model)
-                    s.step += 1
-                    s.batch_in_epoch += len(group)
-                    s.elapsed += time.perf_counter() - start
-                    window.loss += loss
-                    window.nll += nll
-                    window.tokens += tokens
-                    window.grad_norm += gnorm
-                    window.updates += 1
-                    if progress is not None:
-                        progress.update(time.perf_counter() - start if progress.unit == "s" else 1)
-                    if s.step % tc.log_every == 0:
-                        self.report.step(
-                            s, window, model=self.model, lr=lr, lr_branch=lr_b, ratio=ratio,
-                            world=self.world, progress=progress,
-                        )  # fmt: skip
-                        window = Window()
-                    if s.step % tc.valid_every == 0:
-                        try:
-                            self._validate_and_keep_best()
-                        except Exception:  # whatever failed, the training so far is kept
-                            self.save()
-                            raise
-                    if s.step % save_every == 0:
-                        self.save()
-                    reason = self._stop_reason()
-                    if interrupted.raised:
-                        raise KeyboardInterrupt
-                if s.batch_in_epoch >= len(batches):
-                    s.epoch += 1
-                    s.batch_in_epoch = 0
-                    reason = reason or self._stop_reason()
-        except KeyboardInterrupt:
-            self.log(f"interrupted at step {s.step}: saving a checkpoint")
-            self.save()
-            self.log(
-                f"resume with: wtnmt train {self.run_dir / 'config.yaml'} --out "
-                f"{self.run_dir} --resume"
-            )
-            raise
-        finally:
-            interrupted.restore()
-            if progress is not None:
-                progress.close()
-        s.finished = reason
-        if window.updates:  # the updates since the last log line: metrics end at the last step
-            self.report.step(
-                s, window, model=self.model, lr=lr, lr_branch=lr_b, ratio=None,
-                world=self.world, progress=None,
-            )  # fmt: skip
-        self.log(f"stopped: {reason}")
-        if s.step % tc.valid_every != 0 or s.best is None:
-            self._validate_and_keep_best()
-        self.save()
-        return s

@@ -1,0 +1,143 @@
+"""The training loop: updates over the epochs' batches until a stop condition, and what
+follows each update (κ/α's projection, the log line, validation, checkpoints). A part of
+:class:`~wtnmt.train.trainer.Trainer`, kept here so that the loop reads on its own; it uses
+the trainer's model, state, config, report and the methods named in its docstring."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from wtnmt.errors import TrainingError
+from wtnmt.model import project_branch_weights
+from wtnmt.train.report import progress_bar
+from wtnmt.train.state import InterruptFlag, TrainState, Window
+
+
+class TrainingLoop:
+    """The loop of a Trainer, which provides: ``state``, ``tc`` (its TrainConfig),
+    ``config``, ``model``, ``train_data``, ``report``, ``world``, ``is_main``,
+    ``log_to_stderr``, ``run_dir``, ``ckpt_dir``, ``device``, and ``log``, ``save``,
+    ``update``, ``_set_lr``, ``_frozen``, ``_step_budget``, ``_stop_reason``,
+    ``_epoch_batches``, ``_validate_and_keep_best``, ``_precision_label``."""
+
+    def _train(self) -> TrainState:
+        s, tc = self.state, self.tc
+        self.model.train()
+        progress = None
+        if self.is_main and self.log_to_stderr and sys.stderr.isatty():
+            progress = progress_bar(tc, s)
+        self.log(
+            f"training {sum(p.numel() for p in self.model.parameters()):,} parameters "
+            f"on {self.device} ({self.world} process{'es' if self.world > 1 else ''}) in "
+            f"{self._precision_label()}, {len(self.train_data):,} training pairs"
+        )
+        self._window, self._lrs = Window(), (0.0, 0.0)
+        budget = self._step_budget()
+        reason = self._stop_reason()
+        interrupted = InterruptFlag()  # Ctrl-C stops at the next update boundary
+        try:
+            while reason is None:
+                batches = self._epoch_batches(s.epoch)
+                while reason is None and s.batch_in_epoch < len(batches):
+                    group = batches[s.batch_in_epoch : s.batch_in_epoch + tc.update_freq]
+                    self._step(group, budget, progress)
+                    reason = self._stop_reason()
+                    if interrupted.raised:
+                        raise KeyboardInterrupt
+                if s.batch_in_epoch >= len(batches):
+                    s.epoch += 1
+                    s.batch_in_epoch = 0
+                    reason = reason or self._stop_reason()
+        except KeyboardInterrupt:
+            self.log(f"interrupted at step {s.step}: saving a checkpoint")
+            self.save()
+            self.log(
+                f"resume with: wtnmt train {self.run_dir / 'config.yaml'} --out "
+                f"{self.run_dir} --resume"
+            )
+            raise
+        finally:
+            interrupted.restore()
+            if progress is not None:
+                progress.close()
+        self._finish(reason)
+        return s
+
+    def _step(self, group: list, budget: int | None, progress: Any) -> None:  # type: ignore[type-arg]
+        """One update and what follows it: κ/α's projection, the counters, the log line, a
+        validation and a checkpoint when they are due. A non-finite update is skipped."""
+        s, tc = self.state, self.tc
+        start = time.perf_counter()
+        frozen = self._frozen(budget)
+        self._lrs = self._set_lr(frozen)
+        want_ratio = tc.grad_ratio and (s.step + 1) % tc.log_every == 0
+        try:
+            result = self.update([self.train_data.collate(i) for i in group], want_ratio=want_ratio)
+        except FloatingPointError as e:
+            self._skip_nonfinite(e, len(group))
+            return
+        s.nonfinite_run = 0
+        if not frozen and self.config.model.branch_weights != "softmax":
+            project_branch_weights(self.model)
+        s.step += 1
+        s.batch_in_epoch += len(group)
+        s.elapsed += time.perf_counter() - start
+        self._window.add(result.loss, result.nll, result.tokens, result.grad_norm)
+        if progress is not None:
+            progress.update(time.perf_counter() - start if progress.unit == "s" else 1)
+        self._after_update(result.ratio, progress)
+
+    def _after_update(self, ratio: float | None, progress: Any) -> None:
+        s, tc = self.state, self.tc
+        if s.step % tc.log_every == 0:
+            self._log_window(ratio, progress)
+        if s.step % tc.valid_every == 0:
+            try:
+                self._validate_and_keep_best()
+            except Exception:  # whatever failed, the training so far is kept
+                self.save()
+                raise
+        if s.step % (tc.save_every or tc.valid_every) == 0:
+            self.save()
+
+    def _skip_nonfinite(self, error: FloatingPointError, batches: int) -> None:
+        """A skipped update; too many in a row stop the run with a checkpoint to inspect."""
+        s = self.state
+        s.nonfinite_total += 1
+        s.nonfinite_run += 1
+        self.log(
+            f"warning: step {s.step + 1}: non-finite {error}; update skipped "
+            f"({s.nonfinite_run} in a row)"
+        )
+        s.batch_in_epoch += batches
+        if s.nonfinite_run >= self.tc.max_nonfinite:
+            self.save()
+            raise TrainingError(
+                f"{s.nonfinite_run} non-finite updates in a row up to step {s.step + 1}; "
+                f"checkpoint saved in {self.ckpt_dir} for inspection (lower the learning rate "
+                f"or enable clip_norm)"
+            )
+
+    def _log_window(self, ratio: float | None, progress: Any) -> None:
+        lr, lr_b = self._lrs
+        self.report.step(
+            self.state, self._window, model=self.model, lr=lr, lr_branch=lr_b, ratio=ratio,
+            world=self.world, progress=progress,
+        )  # fmt: skip
+        self._window = Window()
+
+    def _finish(self, reason: str | None) -> None:
+        """The end of a run: its last log line, a validation of its last weights, a checkpoint."""
+        s = self.state
+        s.finished = reason
+        if self._window.updates:  # the updates since the last log line: metrics end there
+            self._log_window(None, None)
+        self.log(f"stopped: {reason}")
+        if s.step % self.tc.valid_every != 0 or s.best is None:
+            self._validate_and_keep_best()
+        self.save()
+
+
+__all__ = ["TrainingLoop"]
