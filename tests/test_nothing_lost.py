@@ -100,7 +100,8 @@ def test_translate_into_a_closed_pipe_is_one_line(run_dir):
     # `wtnmt translate RUN | head -1`: the reader leaves after one line
     code = (
         "import subprocess, sys\n"
-        f"p = subprocess.Popen([sys.executable, '-m', 'wtnmt.cli', 'translate', {str(run_dir)!r}],"
+        f"p = subprocess.Popen([sys.executable, '-m', 'wtnmt.cli', 'translate', {str(run_dir)!r},"
+        " '--chunk', '8'],"
         " stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)\n"
         "p.stdin.write(b'alpha beta\\n' * 3000); p.stdin.close()\n"
         "p.stdout.readline(); p.stdout.close()\n"
