@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-avx2 lint format demo bench clean
+.PHONY: setup test test-slow test-avx2 lint format demo bench clean
 
 setup: $(STAMP)
 
@@ -23,6 +23,11 @@ lint: setup
 
 test: lint
 	$(BIN)/python -m pytest -q
+
+# The end-to-end tests (worker processes, DDP, the experiment runner, overfitting, the serve
+# command, real servers with slow clients, the kill soak): minutes, where `make test` is quick.
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow
 
 # The model, training and decoding tests again on the kernels of a CPU with AVX2 only (no
 # AVX-512, no native bf16), so that a newer CPU checks the older path too.

@@ -96,6 +96,7 @@ def _state(run: Path) -> tuple[int, str | None]:
     return state["step"], state["finished"]
 
 
+@pytest.mark.slow
 def test_the_runner_skips_a_finished_run_and_resumes_an_interrupted_one(tmp_path, capsys):
     path = write_grid(tmp_path)
     grid = load_grid(path)
@@ -168,6 +169,7 @@ def test_a_run_another_process_trains_is_not_touched(tmp_path):
         holder.wait()
 
 
+@pytest.mark.slow
 def test_a_failing_run_is_reported_and_the_others_go_on(tmp_path, capsys):
     path = write_grid(tmp_path, evaluate=False, analyze=False, seeds=[1])
     grid = yaml.safe_load(path.read_text())
@@ -199,6 +201,7 @@ def test_a_file_where_a_run_directory_goes_is_refused_and_kept(tmp_path, capsys)
     assert not grid.runs[0].run_dir.exists()  # nothing started
 
 
+@pytest.mark.slow
 def test_the_runner_shows_the_steps_of_the_running_runs(tmp_path):
     grid = load_grid(write_grid(tmp_path, evaluate=False, analyze=False, seeds=[1]))
     said: list[str] = []
@@ -208,6 +211,7 @@ def test_the_runner_shows_the_steps_of_the_running_runs(tmp_path):
     assert progress and all(pattern.search(line) for line in progress)
 
 
+@pytest.mark.slow
 def test_a_clone_of_committed_results_is_known_as_finished(tmp_path):
     # the weights and checkpoints are not committed: a fresh clone has only the small files
     path = write_grid(tmp_path, seeds=[1], analyze=False)
@@ -225,6 +229,7 @@ def test_a_clone_of_committed_results_is_known_as_finished(tmp_path):
         plan_task(longer.runs[0], longer)
 
 
+@pytest.mark.slow
 def test_a_run_recorded_before_a_key_existed_counts_it_at_its_default(tmp_path):
     # a key added to wtnmt after the run (train.branch_schedule came later) is not a difference
     path = write_grid(tmp_path, seeds=[1], evaluate=False, analyze=False)
@@ -274,6 +279,7 @@ def test_averaging_more_checkpoints_than_kept_is_refused(tmp_path, average, mess
         load_grid(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
 def test_a_signal_to_the_runner_alone_stops_its_runs_at_a_checkpoint(tmp_path, signum):
     import signal

@@ -88,6 +88,7 @@ def _translate(run_dir: Path, *args: str, stdin: str = "alpha beta\n" * 200, **k
     )
 
 
+@pytest.mark.slow
 def test_translate_to_a_full_device_is_one_line(run_dir):
     if not Path("/dev/full").exists():
         pytest.skip("this system has no /dev/full")
@@ -96,6 +97,7 @@ def test_translate_to_a_full_device_is_one_line(run_dir):
     assert done.stderr == "wtnmt translate: error: /dev/full: No space left on device\n"
 
 
+@pytest.mark.slow
 def test_translate_into_a_closed_pipe_is_one_line(run_dir):
     # `wtnmt translate RUN | head -1`: the reader leaves after one line
     code = (

@@ -94,6 +94,7 @@ def test_a_later_evaluate_drops_the_compare_block_and_records_its_source(run_dir
     assert scores["source"] == {"src": str(src), "ref": str(ref)}
 
 
+@pytest.mark.slow
 def test_stdin_and_process_substitution_are_inputs(run_dir):
     done = subprocess.run(
         [sys.executable, "-m", "wtnmt.cli", "translate", str(run_dir), "-i", "/dev/stdin"],
@@ -228,3 +229,18 @@ def test_a_grid_out_that_is_a_file_is_refused(tmp_path):
     (tmp_path / "taken").write_text("x")
     with pytest.raises(ConfigError, match=r"out: .*taken: is a file; give a directory"):
         load_grid(write_grid(tmp_path, out=str(tmp_path / "taken")))
+
+
+def test_evaluating_empty_files_is_one_line(run_dir, tmp_path, capsys):
+    (tmp_path / "src").write_bytes(b"")
+    (tmp_path / "ref").write_bytes(b"")
+    args = [
+        "evaluate",
+        str(run_dir),
+        "--src",
+        str(tmp_path / "src"),
+        "--ref",
+        str(tmp_path / "ref"),
+    ]
+    assert cli(args) == 2
+    one_line(capsys, "evaluate", "no lines to evaluate")

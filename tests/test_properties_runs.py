@@ -119,6 +119,7 @@ LINES = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=10, deadline=None, suppress_health_check=SLOW_FIXTURE)
 @given(lines=LINES, where=st.integers(0, 30))
 def test_analyze_reads_any_damaged_log_without_a_traceback(run_dir, tmp_path_factory, lines, where):

@@ -309,6 +309,7 @@ def test_a_failed_translation_is_500_and_the_server_goes_on(run_dir, monkeypatch
         assert client.post("/v1/translate", json={"text": "alpha"}).status_code == 200
 
 
+@pytest.mark.slow
 def test_transformer_models_have_no_branch_weights_to_replace(tmp_path):
     with serve(train_tiny_run(tmp_path, attention="multihead")) as client:
         assert client.get("/v1/model").json()["branch_weights"] == []
@@ -380,6 +381,7 @@ def test_concurrent_requests_are_translated_in_shared_batches(run_dir, translato
     )
 
 
+@pytest.mark.slow
 def test_a_client_that_goes_away_has_its_queued_sentences_dropped(run_dir):
     # the oldest sentence waits 3 s for company: time enough to leave before it is batched
     app = create_app(Translator.load(run_dir), ServeSettings(batch_wait_ms=3000))
@@ -467,6 +469,7 @@ def test_serve_refuses_a_busy_port_and_a_missing_run(run_dir, tmp_path, capsys):
     assert f"{tmp_path / 'nothing'}: no such run directory" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quantize", ["none", "int8"])
 def test_wtnmt_serve_runs_as_the_readme_says(run_dir, quantize):
     if quantize == "int8" and not int8_available():

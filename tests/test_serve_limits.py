@@ -156,6 +156,7 @@ def _half_a_body(url: str) -> socket.socket:
     return conn
 
 
+@pytest.mark.slow
 def test_a_slow_client_gets_408_and_the_connection_back(translator):
     settings = ServeSettings(read_timeout=1.0)
     with Live(create_app(translator, settings), settings) as live:
@@ -173,6 +174,7 @@ def test_a_slow_client_gets_408_and_the_connection_back(translator):
         assert httpx.post(live.url + "/v1/translate", json={"text": "a"}).status_code == 200
 
 
+@pytest.mark.slow
 def test_connections_beyond_the_cap_are_refused_not_queued(translator):
     settings = ServeSettings(read_timeout=30.0, max_connections=4)
     with Live(create_app(translator, settings), settings) as live:
@@ -184,6 +186,7 @@ def test_connections_beyond_the_cap_are_refused_not_queued(translator):
             conn.close()
 
 
+@pytest.mark.slow
 def test_oversized_attention_against_the_real_server(translator):
     settings = ServeSettings(max_attention_cells=10_000)
     with Live(create_app(translator, settings), settings) as live:
@@ -225,6 +228,7 @@ def test_no_bytes_make_the_server_fail(client, raw):
     assert r.status_code in (200, 422), (raw, r.status_code, r.text)
 
 
+@pytest.mark.slow
 def test_serve_with_a_half_body_client_from_another_process(run_dir, tmp_path):
     """`wtnmt serve` itself: its --read-timeout reaches the real server."""
     proc = subprocess.Popen(

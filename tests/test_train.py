@@ -118,6 +118,7 @@ Trainer(config, Path({run!r}), log_to_stderr=False).run()
 """
 
 
+@pytest.mark.slow
 def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_last_complete_one(tmp_path):
     run = tmp_path / "killed"
     code = KILLER.format(tests=str(Path(__file__).parent), tmp=str(tmp_path), run=str(run))
@@ -256,6 +257,7 @@ def _two_processes(code: str) -> None:
         assert p.returncode == 0, err[-2000:]
 
 
+@pytest.mark.slow
 def test_ddp_with_two_processes_equals_one_process_fed_the_same_global_batches(tmp_path):
     code = DDP_WORKER.format(
         tests=str(Path(__file__).parent),
@@ -285,6 +287,7 @@ def test_ddp_with_two_processes_equals_one_process_fed_the_same_global_batches(t
         torch.testing.assert_close(ddp[name], value, rtol=1e-4, atol=1e-5, msg=name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_a_tiny_weighted_model_overfits_twenty_pairs(tmp_path, precision):
     # exact greedy outputs of a seeded bf16 run depend on the CPU's bf16 arithmetic: the bar
@@ -440,6 +443,7 @@ def test_fewer_batches_than_processes_stops_with_the_cause_instead_of_looping(
         trainer.run()
 
 
+@pytest.mark.slow
 def test_kappa_alpha_freeze_in_a_run_bounded_by_epochs(tmp_path):
     config = tiny_run_config(
         tmp_path, train={"max_steps": None, "max_epochs": 2, "freeze_branch_weights": 3}
@@ -521,6 +525,7 @@ def _ddp(tmp_path: Path, run: str, steps: int, resume: bool) -> dict[str, torch.
     return torch.load(out, weights_only=True)
 
 
+@pytest.mark.slow
 def test_a_ddp_resume_restores_every_ranks_own_random_state(tmp_path):
     # defect 6: every rank resumed with rank 0's RNG state, so dropout masks went identical
     from wtnmt.data import prepare

@@ -16,6 +16,8 @@ from wtnmt.train import Trainer
 
 SENTENCES = [sentence(50_000 + i, 2 + i % 7) for i in range(30)] + ["", sentence(7, 3)]
 
+pytestmark = pytest.mark.slow  # worker processes: seconds to start each
+
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:

@@ -59,12 +59,7 @@ def _add_quantize(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="wtnmt", description="Weighted Transformer neural machine translation.")
-    commands = parser.add_subparsers(
-        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
-    )
-
+def _add_prepare(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "prepare",
         help="raw parallel text → vocabulary and token arrays",
@@ -95,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="also print summary.json")
     p.set_defaults(func=cmd_prepare)
 
+
+def _add_train(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "train",
         help="train a model on a config's data",
@@ -117,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_train)
 
+
+def _add_translate(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "translate",
         help="translate text with a trained run",
@@ -149,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_quantize(p)
     p.set_defaults(func=cmd_translate)
 
+
+def _add_evaluate(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "evaluate",
         help="translate a test set and score it with sacreBLEU",
@@ -179,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_quantize(p)
     p.set_defaults(func=cmd_evaluate)
 
+
+def _add_demo(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "demo",
         help="prepare Tatoeba en→de, train, evaluate: the main job in one command",
@@ -200,6 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_demo)
 
+
+def _add_serve(commands: argparse._SubParsersAction) -> None:
     from wtnmt.serve.main import add_arguments as add_serve_arguments
 
     p = commands.add_parser(
@@ -213,6 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_quantize(p)
     p.set_defaults(func=cmd_serve)
 
+
+def _add_average(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "average",
         help="average a run's last checkpoints into a new run directory",
@@ -225,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="the new run directory (must not exist)")
     p.set_defaults(func=cmd_average)
 
+
+def _add_analyze(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "analyze",
         help="the papers' figures and tables from trained runs (PNG, Markdown, HTML)",
@@ -253,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_analyze)
 
+
+def _add_experiment(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "experiment",
         help="train, score and analyze a grid of runs (experiments/*.yaml)",
@@ -263,6 +274,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("grid", metavar="FILE", help="a grid file, e.g. experiments/multi30k-en-de.yaml")
     p.add_argument("--dry-run", action="store_true", help="say what is left to do, do nothing")
     p.set_defaults(func=cmd_experiment)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="wtnmt", description="Weighted Transformer neural machine translation.")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
+    for add in (
+        _add_prepare,
+        _add_train,
+        _add_translate,
+        _add_evaluate,
+        _add_demo,
+        _add_serve,
+        _add_average,
+        _add_analyze,
+        _add_experiment,
+    ):
+        add(commands)
     return parser
 
 

@@ -239,6 +239,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         src, refs = _read_input(args.src), _read_input(args.ref)
         if len(src) != len(refs):
             raise ConfigError(f"--src has {len(src)} lines but --ref has {len(refs)}")
+        if not src:  # sacreBLEU has no score for no sentences
+            raise ConfigError(f"--src {args.src}: no lines to evaluate")
         name = Path(args.src).stem
         source = {"src": str(args.src), "ref": str(args.ref)}
     if args.branch_weights != "learned":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 import json
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +214,28 @@ def check_report_directory(out: Path) -> None:
         )
 
 
+@dataclass
+class _Report:
+    """What an analysis collects: its figures (caption, file), its tables and the numbers
+    behind the figures that carry them."""
+
+    out: Path
+    say: Callable[[str], None]
+    pictures: list[tuple[str, Path]] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
+    drawn: dict[str, Any] = field(default_factory=dict)
+
+    def draw(self, caption: str, path: Path | None) -> None:
+        if path is not None:
+            self.pictures.append((caption, path))
+            self.say(f"  {path}")
+
+    def draw_with_data(self, caption: str, made: tuple[Path, Any] | None) -> None:
+        if made is not None:
+            self.draw(caption, made[0])
+            self.drawn[made[0].name] = made[1]
+
+
 def analyze(
     run_dirs: list[str | Path],
     out: str | Path,
@@ -224,92 +247,103 @@ def analyze(
     decode: bool = True,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
+    """The papers' figures and tables of ``run_dirs`` (the first run is the reference) into
+    the report directory ``out``; ``decode`` also measures what needs the weights."""
     out = Path(out)
     check_report_directory(out)
     runs = with_unique_names([Run.load(p) for p in run_dirs])
     out.mkdir(parents=True, exist_ok=True)
     (out / REPORT_MARK).write_text("written by wtnmt analyze\n", encoding="utf-8")
-    pictures: list[tuple[str, Path]] = []
-
-    def draw(caption: str, path: Path | None) -> None:
-        if path is not None:
-            pictures.append((caption, path))
-            say(f"  {path}")
-
+    report = _Report(out, say)
     say(f"analyzing {len(runs)} run{'s' * (len(runs) != 1)} → {out}")
-    metrics = [r.metrics for r in runs]
-    draw(
+    _draw_curves(report, runs, window)
+    report.tables += [runs_table(runs), groups_table(runs)]
+    across_seeds = seeds_test_table(runs)
+    if across_seeds is not None:
+        report.tables.append(across_seeds)
+    first_best = runs[0].metrics.best_valid if runs else None
+    target = target_bleu if target_bleu is not None else (first_best or {}).get("valid_bleu")
+    if target is not None:
+        table, rows = steps_to_bleu_table(runs, target)
+        report.tables.append(table)
+        report.draw(
+            "Steps and seconds to the target dev BLEU",
+            figures.plot_steps_to_bleu(rows, target, out / "steps_to_bleu.png"),
+        )
+    if decode:
+        _measure_with_weights(report, runs, random_seeds=random_seeds, sentence=sentence)
+    return _write(report, runs, target)
+
+
+def _draw_curves(report: _Report, runs: list[Run], window: int) -> None:
+    """The figures the metrics alone give: validation curves, Fig. 2, κ/α (Fig. 3), r_t and
+    the transparent weights."""
+    out, metrics = report.out, [r.metrics for r in runs]
+    report.draw(
         "Dev BLEU and dev loss against steps and seconds",
         figures.plot_validation(metrics, out / "validation.png"),
     )
-    draw(
+    report.draw(
         "Validation against training loss (paper Fig. 2)",
         figures.plot_loss_vs_loss(metrics, out / "loss_vs_loss.png"),
     )
     for run in runs:
-        draw(
+        report.draw(
             f"κ and α over training, {run.name} (paper Fig. 3)",
             figures.plot_branch_weights(
                 run.metrics, out / f"kappa_alpha-{run.slug}.png", window=window
             ),
         )
-    drawn: dict[str, Any] = {}  # numbers behind the figures that carry them
-    for caption, made in [
-        ("Gradient-norm ratio r_t over training (Bapna et al., Fig. 1/3)",
-         deep.plot_grad_ratio(metrics, out / "grad_ratio.png")),
-        *[
-            (f"Transparent attention weights s, {run.name} (Bapna et al., Fig. 4)",
-             deep.plot_transparent(run.metrics, out / f"transparent-{run.slug}.png"))
-            for run in runs
-        ],
-    ]:  # fmt: skip
-        if made is not None:
-            draw(caption, made[0])
-            drawn[made[0].name] = made[1]
-    tables = [runs_table(runs), groups_table(runs)]
-    across_seeds = seeds_test_table(runs)
-    if across_seeds is not None:
-        tables.append(across_seeds)
-    first_best = runs[0].metrics.best_valid if runs else None
-    target = target_bleu if target_bleu is not None else (first_best or {}).get("valid_bleu")
-    if target is not None:
-        table, rows = steps_to_bleu_table(runs, target)
-        tables.append(table)
-        draw(
-            "Steps and seconds to the target dev BLEU",
-            figures.plot_steps_to_bleu(rows, target, out / "steps_to_bleu.png"),
+    report.draw_with_data(
+        "Gradient-norm ratio r_t over training (Bapna et al., Fig. 1/3)",
+        deep.plot_grad_ratio(metrics, out / "grad_ratio.png"),
+    )
+    for run in runs:
+        report.draw_with_data(
+            f"Transparent attention weights s, {run.name} (Bapna et al., Fig. 4)",
+            deep.plot_transparent(run.metrics, out / f"transparent-{run.slug}.png"),
         )
-    if decode:
-        weighted = _best([r for r in runs if r.weighted])
-        if weighted is not None:
-            say(f"  branch weights at test time: {weighted.name}")
-            tables.append(ablation_table(weighted, random_seeds))
-            draw(
-                f"Cross-attention of each branch, {weighted.name}",
-                attention_figure(weighted, sentence, out),
-            )
-        scores = disagreement_table(runs)
-        if scores is not None:
-            tables.append(scores[0])
-            drawn["disagreement"] = scores[1]
-            made = deep.plot_disagreement(scores[1], out / "disagreement.png")
-            if made is not None:
-                draw("Disagreement of attention heads per layer (Li et al., Tables 4–5)", made[0])
-                drawn[made[0].name] = made[1]
-        for table in (equal_steps_table(runs), bootstrap_table(runs)):
-            if table is not None:
-                tables.append(table)
+
+
+def _measure_with_weights(
+    report: _Report, runs: list[Run], *, random_seeds: int, sentence: int
+) -> None:
+    """Table 3, the attention maps, the disagreement scores, equal-step scores and the
+    paired bootstrap: what needs the runs' weights (or their cached decodings)."""
+    weighted = _best([r for r in runs if r.weighted])
+    if weighted is not None:
+        report.say(f"  branch weights at test time: {weighted.name}")
+        report.tables.append(ablation_table(weighted, random_seeds))
+        report.draw(
+            f"Cross-attention of each branch, {weighted.name}",
+            attention_figure(weighted, sentence, report.out),
+        )
+    scores = disagreement_table(runs)
+    if scores is not None:
+        report.tables.append(scores[0])
+        report.drawn["disagreement"] = scores[1]
+        report.draw_with_data(
+            "Disagreement of attention heads per layer (Li et al., Tables 4–5)",
+            deep.plot_disagreement(scores[1], report.out / "disagreement.png"),
+        )
+    for table in (equal_steps_table(runs), bootstrap_table(runs)):
+        if table is not None:
+            report.tables.append(table)
+
+
+def _write(report: _Report, runs: list[Run], target: float | None) -> dict[str, Any]:
+    out, tables, pictures = report.out, report.tables, report.pictures
     result = {
         "runs": [str(r.path) for r in runs],
         "target_bleu": target,
         "tables": [t.as_dict() for t in tables],
         "figures": [{"caption": c, "file": p.name} for c, p in pictures],
-        "data": drawn,
+        "data": report.drawn,
     }
     (out / "analysis.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     (out / "summary.md").write_text(render_markdown(tables, pictures), encoding="utf-8")
     (out / "report.html").write_text(render_html(tables, pictures), encoding="utf-8")
-    say(f"  {out / 'summary.md'}\n  {out / 'report.html'}")
+    report.say(f"  {out / 'summary.md'}\n  {out / 'report.html'}")
     return result
 
 
