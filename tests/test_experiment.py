@@ -365,3 +365,18 @@ def test_committed_runs_are_skipped_without_their_weights_logs_or_reports(tmp_pa
     shutil.copytree(first, copy)
     assert main(["analyze", str(copy), "--out", str(tmp_path / "report"), "--no-decode"]) == 0
     assert (tmp_path / "report" / "report.html").is_file()
+
+
+def test_a_run_with_fewer_checkpoints_than_asked_averages_what_it_has(tmp_path):
+    path = write_grid(
+        tmp_path,
+        seeds=[1],
+        budget={"max_steps": 3},
+        evaluate={"split": "test", "beam": 2, "average": 2},
+        analyze=False,
+    )
+    grid = load_grid(path)
+    assert run_grid(grid, say=lambda _: None) == {"weighted-s1": "finished"}
+    scores = json.loads((grid.runs[0].run_dir / "scores.json").read_text())
+    assert scores["test"]["average"] == 2  # as asked
+    assert scores["test"]["checkpoints"] == ["step_0000003.safetensors"]  # what there was

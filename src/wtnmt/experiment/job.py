@@ -38,13 +38,17 @@ def evaluate(run_dir: Path, spec: dict[str, Any]) -> dict[str, Any]:
     """The grid's scores of a finished run: ``{split: ...}`` of its best weights by dev, or,
     where the grid asks for ``evaluate.average: N``, of the mean of its last N checkpoints
     (as fairseq's recipes score), with the best weights' under ``<split>_best``."""
+    from wtnmt.rundir import list_checkpoints
     from wtnmt.rundir.average import average_within
 
     split, beam = spec["evaluate"]["split"], spec["evaluate"].get("beam")
     last = spec["evaluate"].get("average")
     if not last:
         return {split: score_run(run_dir, split=split, beam=beam)}
-    averaged = average_within(run_dir, last=last)
+    # a run stopped early (patience) may have saved fewer: it averages what it has, as
+    # fairseq's average_checkpoints does, and the scores say how many
+    kept = len(list_checkpoints(run_dir / "checkpoints"))
+    averaged = average_within(run_dir, last=max(1, min(last, kept)))
     return {
         split: {
             **score_run(run_dir, split=split, beam=beam, weights=averaged["weights"]),
