@@ -81,24 +81,15 @@ def run_demo(
         )
         raise
     trained = time.perf_counter() - start
-    data_dir = trainer.data_dir
-    beam = config.decode.beam
-    chosen, dev = _choose_weights(out, data_dir, beam, say)
-    translator = Translator.load(chosen)
-    # lines end at "\n" only: str.splitlines would also split inside a sentence (U+2028 …)
-    src = decode_lines(read_bytes(data_dir / "test.en"), "test.en")
-    refs = decode_lines(read_bytes(data_dir / "test.de"), "test.de")
-    say(f"\ntranslating the {len(src):,} test sentences with beam {beam} ({chosen}) …")
-    hyps = translator.translate(src, beam=beam)
-    (out / "test.hyp.de").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-    scores = score_corpus(hyps, refs)
-    table = branch_weight_table(translator.model)
-    figure = plot_branch_weights(out / "metrics.jsonl", out / "branch_weights.png")
+    chosen, dev = _choose_weights(out, trainer.data_dir, config.decode.beam, say)
+    test = _translate_test(chosen, trainer.data_dir, out, config.decode.beam, say)
+    translator = test.pop("translator")
     (out / "ATTRIBUTION.txt").write_text(
         f"{ATTRIBUTION}\nThis model was trained on that data.\n", encoding="utf-8"
     )
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    scores = test["scores"]
     results = {
         "bleu": scores["bleu"],
         "chrf": scores["chrf"],
@@ -108,27 +99,16 @@ def run_demo(
         "train_seconds": round(state.elapsed, 1),
         "steps": state.step,
         "epochs": state.epoch,
-        "n_test": len(src),
+        "n_test": len(test["src"]),
         "peak_rss_gib": round(peak, 2),
         "weights": str(chosen),
         "dev_bleu": dev,
-        "branch_weights": table,
+        "branch_weights": branch_weight_table(translator.model),
         "preset": PRESET,
         "attribution": ATTRIBUTION,
     }
     (out / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False))
-
-    say(f"\nsacreBLEU on the Tatoeba en→de test split ({len(src):,} sentences):")
-    say(f"  BLEU {scores['bleu']:.1f}   {scores['signature']}")
-    say(f"  chrF {scores['chrf']:.1f}   {scores['chrf_signature']}")
-    say("\nsample translations (source | reference | wtnmt):")
-    for i in range(0, len(src), max(len(src) // 10, 1))[:10]:
-        say(f"  {src[i]}\n    ref:   {refs[i]}\n    wtnmt: {hyps[i]}")
-    say("\nlearned branch weights (κ concatenation, α addition; on the simplex):")
-    for row in branch_weight_rows(table):
-        say(row)
-    if figure is not None:
-        say(f"\nκ/α over training: {figure}")
+    _print_results(results, test, out, say)
     say(
         f"\n{state.step} updates in {state.elapsed / 60:.1f} min of training "
         f"({trained / 60:.1f} min with data and validation); {seconds / 60:.1f} min in all; "
@@ -137,6 +117,46 @@ def run_demo(
     say(f"results: {out / 'results.json'}")
     say(f"translate with:\n  echo 'How are you?' | {_command()} translate {chosen}")
     return results
+
+
+def _translate_test(
+    chosen: Path, data_dir: Path, out: Path, beam: int, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """The test split translated with the chosen weights, and its sacreBLEU scores."""
+    translator = Translator.load(chosen)
+    # lines end at "\n" only: str.splitlines would also split inside a sentence (U+2028 …)
+    src = decode_lines(read_bytes(data_dir / "test.en"), "test.en")
+    refs = decode_lines(read_bytes(data_dir / "test.de"), "test.de")
+    say(f"\ntranslating the {len(src):,} test sentences with beam {beam} ({chosen}) …")
+    hyps = translator.translate(src, beam=beam)
+    (out / "test.hyp.de").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    return {
+        "translator": translator,
+        "src": src,
+        "refs": refs,
+        "hyps": hyps,
+        "scores": score_corpus(hyps, refs),
+    }
+
+
+def _print_results(
+    results: dict[str, Any], test: dict[str, Any], out: Path, say: Callable[[str], None]
+) -> None:
+    """The scores with their signatures, ten sample translations, the learned κ/α and the
+    path of their figure."""
+    src, refs, hyps, scores = test["src"], test["refs"], test["hyps"], test["scores"]
+    say(f"\nsacreBLEU on the Tatoeba en→de test split ({len(src):,} sentences):")
+    say(f"  BLEU {scores['bleu']:.1f}   {scores['signature']}")
+    say(f"  chrF {scores['chrf']:.1f}   {scores['chrf_signature']}")
+    say("\nsample translations (source | reference | wtnmt):")
+    for i in range(0, len(src), max(len(src) // 10, 1))[:10]:
+        say(f"  {src[i]}\n    ref:   {refs[i]}\n    wtnmt: {hyps[i]}")
+    say("\nlearned branch weights (κ concatenation, α addition; on the simplex):")
+    for row in branch_weight_rows(results["branch_weights"]):
+        say(row)
+    figure = plot_branch_weights(out / "metrics.jsonl", out / "branch_weights.png")
+    if figure is not None:
+        say(f"\nκ/α over training: {figure}")
 
 
 def _choose_weights(

@@ -1,0 +1,98 @@
+"""The documents' commands run as written: every `wtnmt ...` line of a shell block in the
+README and docs/ parses with the real command line, every documented grid plans its runs
+(`--dry-run`), and every file, script or link a document names exists in the repository."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from wtnmt.cli import build_parser
+from wtnmt.cli import main as cli
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def shell_lines(path: Path) -> list[str]:
+    """The commands of a document's ```bash blocks, continuation lines joined, comments and
+    here-documents dropped."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", path.read_text(encoding="utf-8"), re.S):
+        text = re.sub(r"<<'(\w+)'\n.*?\n\1\n", "\n", block, flags=re.S)  # here-documents
+        text = text.replace("\\\n", " ")
+        for line in text.splitlines():
+            line = line.split(" #")[0].strip()
+            if line and not line.startswith("#"):
+                commands.append(line)
+    return commands
+
+
+def wtnmt_commands() -> list[tuple[str, str]]:
+    found = []
+    for path in DOCUMENTS:
+        for line in shell_lines(path):
+            for part in re.split(r"\s*(?:\||&&|;)\s*", line):
+                if part.startswith("wtnmt "):
+                    found.append((path.name, part))
+    return found
+
+
+COMMANDS = wtnmt_commands()
+
+
+def test_the_documents_have_commands():
+    assert len(COMMANDS) > 20
+    assert {c.split()[1] for _, c in COMMANDS} >= {
+        "prepare", "train", "translate", "evaluate", "average", "serve", "experiment", "analyze",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(("document", "command"), COMMANDS, ids=[c for _, c in COMMANDS])
+def test_every_documented_command_parses(document, command):
+    words = shlex.split(command)[1:]
+    try:
+        build_parser().parse_args(words)
+    except SystemExit as e:  # argparse's refusal: the document names an option that is gone
+        raise AssertionError(f"{document}: `{command}` does not parse") from e
+
+
+GRIDS = sorted(
+    {c.removesuffix(" --dry-run") for _, c in COMMANDS if c.startswith("wtnmt experiment")}
+)
+
+
+@pytest.mark.parametrize("command", GRIDS, ids=lambda c: c)
+def test_every_documented_grid_plans_its_runs(command, monkeypatch, capsys):
+    """`wtnmt experiment FILE --dry-run`: the grid loads and every run directory it names is
+    known (done, to train, to resume, to score); nothing is trained."""
+    monkeypatch.chdir(ROOT)
+    assert cli([*shlex.split(command)[1:], "--dry-run"]) == 0, capsys.readouterr().err
+
+
+def test_files_the_documents_name_exist():
+    missing = []
+    for path in DOCUMENTS:
+        text = path.read_text(encoding="utf-8")
+        names = set(re.findall(r"\]\(([^)#\s]+)\)", text))  # Markdown links and images
+        names |= set(
+            re.findall(r"`((?:benchmarks|experiments|configs|src|tests|docs)/[^`\s]+)`", text)
+        )
+        for name in sorted(names):
+            if re.match(r"^[a-z]+://", name):
+                continue
+            if "*" in name and (list(ROOT.glob(name)) or list(ROOT.glob(f"src/wtnmt/{name}"))):
+                continue
+            if not (path.parent / name).exists() and not (ROOT / name).exists():
+                missing.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not missing, "named but not in the repository:\n" + "\n".join(missing)
+
+
+def test_no_document_points_outside_the_repository():
+    for path in DOCUMENTS:
+        text = path.read_text(encoding="utf-8")
+        outside = re.findall(r"\.\./shared|\]\((?:\.\./)+(?!experiments)[^)]*\)", text)
+        assert not outside, f"{path.name}: {outside}"
