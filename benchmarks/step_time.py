@@ -15,19 +15,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from reference import UnfusedBranchedAttention
 from wtnmt.config import load_config
 from wtnmt.loss import label_smoothed_cross_entropy
 from wtnmt.model import build_model
 from wtnmt.model.branched import BranchedAttention
+from wtnmt.model.reference import UnfusedBranchedAttention
 from wtnmt.runtime import tune_cpu_allocator
 from wtnmt.special import BOS, EOS, PAD
 from wtnmt.train.state import make_adam

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reference import branch_ffn, naive_branched, naive_weighted
 from wtnmt.model.attention import MultiHeadAttention
 from wtnmt.model.branched import BranchedAttention, WeightedAttention
+from wtnmt.model.reference import branch_ffn, naive_branched, naive_weighted
 
 D, M, FF = 24, 4, 32
 

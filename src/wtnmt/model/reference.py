@@ -1,8 +1,10 @@
-"""Plain per-branch reference implementations of the paper's equations, for oracle tests.
+"""The paper's equations in their plain form: the branched sublayer (eq. 5–7) and the
+weighted decoder self-attention computed one branch at a time, the reference the fused
+modules of ``branched.py`` are tested against (``tests/test_branched.py``) and the
+"unfused" baseline of the benchmarks.
 
 Written to read like the paper, not to be fast: a Python loop over branches, explicit
-softmax attention, every intermediate of eq. 5–7 built as written. The benchmarks use the
-same code as the "unfused" baseline.
+softmax attention, every intermediate of eq. 5–7 built as written.
 """
 
 from __future__ import annotations
