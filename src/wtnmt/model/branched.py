@@ -32,6 +32,7 @@ from wtnmt.model.branch_weights import BranchWeights, InitMode, WeightMode
 from wtnmt.model.dropout import relu_dropout
 from wtnmt.model.outputs import AttentionOutput
 from wtnmt.model.packed import PackedLinear, weights_generation
+from wtnmt.model.speed import fast_paths
 
 
 class _BranchTail(torch.autograd.Function):
@@ -163,7 +164,7 @@ class BranchedAttention(nn.Module):
         if self.ffn == "split":
             hid = torch.baddbmm(self.b1[:, None, :], flat, w)  # [M, BT, F/M]
             hid = relu_dropout(hid, self.activation_dropout, self.training)
-            if torch.is_grad_enabled() and hid.dtype == w2.dtype:
+            if fast_paths() and torch.is_grad_enabled() and hid.dtype == w2.dtype:
                 out = _BranchTail.apply(hid, w2, b2)  # [BT, D]
             else:  # decoding (the packed or int8 matmul) and autocast: one matmul on
                 # Concat_i(hid_i) [BT, F], whose sum over F is not rounded branch by branch

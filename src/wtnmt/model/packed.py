@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from wtnmt.model.speed import fast_paths
+
 
 @functools.cache
 def onednn_available() -> bool:
@@ -91,6 +93,8 @@ class PackedLinear:
         if torch.is_grad_enabled():  # training: the packed copy would only hold memory
             self._key = self._packed = None
             return linear(x, weight, bias)
+        if not fast_paths():
+            return F.linear(x, weight, bias)
         if not (_cpu_float32(x, weight) and (self.int8 or onednn_available())):
             return F.linear(x, weight, bias)
         if key is None:
@@ -125,7 +129,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)`` for training: through oneDNN (forward and the input's
     gradient; the weight's gradient is one MKL matmul) on CPU in float32, outside autocast,
     where the build has it; ``F.linear`` otherwise."""
-    if not (_cpu_float32(x, weight) and onednn_available()):
+    if not (fast_paths() and _cpu_float32(x, weight) and onednn_available()):
         return F.linear(x, weight, bias)
     if x.dim() == 2:
         return _OneDNNLinear.apply(x, weight, bias)

@@ -1,0 +1,74 @@
+"""One switch turns the speed machinery off: under plain_math() the model runs plain PyTorch
+operations only (none of the oneDNN products, custom dropout forms or the branch tail's own
+backward), and computes what the fast paths compute, to float32 rounding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from wtnmt.config import load_config
+from wtnmt.model import branched as branched_module
+from wtnmt.model import build_model, dropout, packed
+from wtnmt.model.speed import fast_paths, plain_math
+
+
+def _model(attention: str) -> torch.nn.Module:
+    preset = "weighted-tiny" if attention == "branched" else "transformer-tiny"
+    torch.manual_seed(0)
+    return build_model(load_config(preset).model, vocab_size=50)
+
+
+def _loss_and_grads(model: torch.nn.Module) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    torch.manual_seed(1)
+    src = torch.randint(4, 50, (3, 7))
+    tgt = torch.randint(4, 50, (3, 6))
+    model.zero_grad()
+    loss = model(src, tgt).logits.float().logsumexp(-1).mean()
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+@pytest.mark.parametrize("attention", ["branched", "multihead"])
+def test_plain_math_computes_what_the_fast_paths_compute(attention, monkeypatch):
+    model = _model(attention)
+    model.train()
+    for module in model.modules():  # dropout draws differ between the paths: compare without
+        if hasattr(module, "p") and isinstance(module.p, float):
+            module.p = 0.0
+    fast_loss, fast_grads = _loss_and_grads(model)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a fast path ran under plain_math()")
+
+    with plain_math():
+        assert not fast_paths()
+        for owner, name in (
+            (packed._OneDNNLinear, "apply"),
+            (branched_module._BranchTail, "apply"),
+            (dropout._MaskedScale, "apply"),
+            (dropout._ResidualMaskedScale, "apply"),
+        ):
+            monkeypatch.setattr(owner, name, refused)
+        plain_loss, plain_grads = _loss_and_grads(model)
+        model.eval()
+        with torch.no_grad():  # decoding's packed products too
+            monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", refused, raising=False)
+            model(torch.randint(4, 50, (2, 5)), torch.randint(4, 50, (2, 4)))
+    assert fast_paths()
+    torch.testing.assert_close(plain_loss, fast_loss, rtol=1e-5, atol=1e-6)
+    for plain, fast in zip(plain_grads, fast_grads, strict=True):
+        torch.testing.assert_close(plain, fast, rtol=1e-4, atol=1e-6)
+
+
+def test_plain_math_uses_plain_dropout_with_dropout_on(monkeypatch):
+    model = _model("branched").train()
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a custom dropout form ran under plain_math()")
+
+    monkeypatch.setattr(dropout._MaskedScale, "apply", refused)
+    monkeypatch.setattr(dropout._ResidualMaskedScale, "apply", refused)
+    with plain_math():
+        loss, grads = _loss_and_grads(model)
+    assert torch.isfinite(loss) and grads
