@@ -72,3 +72,21 @@ def test_plain_math_uses_plain_dropout_with_dropout_on(monkeypatch):
     with plain_math():
         loss, grads = _loss_and_grads(model)
     assert torch.isfinite(loss) and grads
+
+
+@pytest.mark.parametrize(
+    ("preset", "extra"),
+    [
+        ("weighted-tiny", []),
+        ("weighted-tiny", ["model.decoder_self_attention=weighted", "model.branch_ffn=shared"]),
+        ("transformer-tiny", ["model.encoder_combination=transparent", "model.norm=pre"]),
+    ],
+)
+def test_every_packed_product_is_declared_by_its_module(preset, extra):
+    """quantize_decoding and the weight caches reach a module's packed products through the
+    module's own packed_linears(): one it holds but does not declare would be missed."""
+    model = build_model(load_config(preset, extra).model, vocab_size=50)
+    for module in model.modules():
+        held = {id(v) for v in vars(module).values() if isinstance(v, packed.PackedLinear)}
+        declared = {id(v) for v in getattr(module, "packed_linears", tuple)()}
+        assert held == declared, type(module).__name__

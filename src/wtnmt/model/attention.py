@@ -255,6 +255,10 @@ class HeadProjection(nn.Module):
         nn.init.xavier_uniform_(self.weight.view(3, d_model, d_model)[1])
         nn.init.xavier_uniform_(self.weight.view(3, d_model, d_model)[2])
 
+    def packed_linears(self) -> tuple[PackedLinear, ...]:
+        """The products this module packs for decoding (see ``packed.quantize_decoding``)."""
+        return (self._qkv, self._q, self._kv)
+
     def _split(self, x: Tensor, n: int) -> Tensor:
         b, t, _ = x.shape
         return x.view(b, t, n, self.heads, -1).permute(2, 3, 0, 1, 4)  # [n, H, B, T, Dk]
@@ -369,6 +373,14 @@ class MultiHeadAttention(nn.Module):
         self.w_out = nn.Parameter(torch.empty(heads, d_model // heads, d_model))  # W^O split
         init_out_projection(self.w_out)
         self._out = PackedLinear()
+
+    def packed_linears(self) -> tuple[PackedLinear, ...]:
+        return (self._out,)
+
+    def keys_values(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """The keys and values [H, B, S, Dk] of ``memory`` a cross-attention step reads
+        (what a decoder cache holds for it)."""
+        return self.attn.proj.keys_values(memory)
 
     def forward(
         self,

@@ -107,6 +107,15 @@ class BranchedAttention(nn.Module):
         self._params: list[Tensor] | None = None
         self._tail = PackedLinear()  # the output matmul, packed while decoding
 
+    def packed_linears(self) -> tuple[PackedLinear, ...]:
+        """The products this module packs for decoding (see ``packed.quantize_decoding``)."""
+        return (self._tail,)
+
+    def keys_values(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """The keys and values [M, B, S, Dk] of ``memory`` a cross-attention step reads
+        (what a decoder cache holds for it)."""
+        return self.attn.proj.keys_values(memory)
+
     def _fused_weights(self, kappa: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """W_i = κ_i W^{O_i} W1_i, the output weights and bias the tail multiplies with.
 

@@ -25,6 +25,10 @@ class TokenEmbedding(nn.Module):
             self.weight[pad_id].zero_()
         self._output = PackedLinear()  # decoding's output projection, packed for oneDNN
 
+    def packed_linears(self) -> tuple[PackedLinear, ...]:
+        """The products this module packs for decoding (see ``packed.quantize_decoding``)."""
+        return (self._output,)
+
     def forward(self, tokens: Tensor) -> Tensor:
         return nn.functional.embedding(tokens, self.weight, self.pad_id) * self.scale
 

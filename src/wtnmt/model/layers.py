@@ -35,6 +35,10 @@ class FeedForward(nn.Module):
             nn.init.zeros_(fc.bias)
         self._fc1, self._fc2 = PackedLinear(), PackedLinear()
 
+    def packed_linears(self) -> tuple[PackedLinear, ...]:
+        """The products this module packs for decoding (see ``packed.quantize_decoding``)."""
+        return (self._fc1, self._fc2)
+
     def forward(self, x: Tensor) -> Tensor:
         # on [B·T, D] rather than [B, T, D]: F.linear returns a view for 3-d inputs, and the
         # in-place ReLU on a view would cost two copies of the hidden layer in the backward

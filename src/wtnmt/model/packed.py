@@ -221,11 +221,11 @@ def decoding_mode(model: torch.nn.Module) -> Literal["none", "int8"]:
 
 
 def _packed_linears(model: torch.nn.Module) -> Iterator[PackedLinear]:
-    """The PackedLinear of every module (plain attributes, not submodules)."""
+    """The PackedLinear of every module, as each declares them (``packed_linears()``)."""
     for module in model.modules():
-        for value in vars(module).values():
-            if isinstance(value, PackedLinear):
-                yield value
+        declared = getattr(module, "packed_linears", None)
+        if declared is not None:
+            yield from declared()
 
 
 __all__ = [

@@ -170,7 +170,7 @@ class Seq2Seq(nn.Module):
         layers = []
         src_pad = enc.src_pad if bool(enc.src_pad.any()) else None
         for layer, memory in zip(self.decoder_layers, enc.memories, strict=True):
-            k, v = layer.cross_attn.attn.proj.keys_values(memory)  # [H, B, S, Dk] each
+            k, v = layer.cross_attn.keys_values(memory)  # [H, B, S, Dk] each
             h, dk = k.size(0), k.size(-1)
             bias = None if src_pad is None else padding_bias(src_pad, h, k.dtype)  # every step's
             path = torch.zeros(k.size(1), 0, dtype=torch.long, device=k.device)
