@@ -391,7 +391,7 @@ def test_attention_math_path_is_the_textbook_formula(mask, p):
     """attend's own path (need_probs, or CPU training with dropout): scale folded into q,
     masks as additive biases, dropout's rescaling carried by v. Against eq. 1 written out,
     with the same dropout draws."""
-    from wtnmt.model.attention import attend
+    from wtnmt.model.attention_math import attend
     from wtnmt.model.dropout import keep_mask, keep_scale
 
     torch.manual_seed(0)

@@ -27,8 +27,9 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from wtnmt.model.attention import HeadAttention, LayerCache, init_out_projection, merge_heads
+from wtnmt.model.attention import HeadAttention, init_out_projection, merge_heads
 from wtnmt.model.branch_weights import BranchWeights, InitMode, WeightMode
+from wtnmt.model.cache import LayerCache
 from wtnmt.model.dropout import relu_dropout
 from wtnmt.model.outputs import AttentionOutput
 from wtnmt.model.packed import PackedLinear, weights_generation

@@ -16,7 +16,7 @@ from typing import Literal
 
 from torch import Tensor, nn
 
-from wtnmt.model.attention import LayerCache
+from wtnmt.model.cache import LayerCache
 from wtnmt.model.dropout import relu_dropout, residual_dropout
 from wtnmt.model.outputs import AttentionInternals, AttentionOutput
 from wtnmt.model.packed import PackedLinear

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from wtnmt.model.attention import LayerCache, own_slot_bias, padding_bias
+from wtnmt.model.attention_math import padding_bias
+from wtnmt.model.cache import LayerCache, own_slot_bias
 from wtnmt.model.dropout import Dropout
 from wtnmt.model.embedding import Positions, TokenEmbedding
 from wtnmt.model.layers import DecoderLayer, EncoderLayer
