@@ -14,7 +14,11 @@ from wtnmt.cli import build_parser
 from wtnmt.cli import main as cli
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCUMENTS = [
+    ROOT / "README.md",
+    ROOT / "benchmarks" / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+]
 
 
 def shell_lines(path: Path) -> list[str]:
@@ -94,5 +98,9 @@ def test_files_the_documents_name_exist():
 def test_no_document_points_outside_the_repository():
     for path in DOCUMENTS:
         text = path.read_text(encoding="utf-8")
-        outside = re.findall(r"\.\./shared|\]\((?:\.\./)+(?!experiments)[^)]*\)", text)
-        assert not outside, f"{path.name}: {outside}"
+        assert "shared/bench/" not in text and "../shared" not in text, path.name
+        for link in re.findall(r"\]\(([^)#\s]+)\)", text):
+            if re.match(r"^[a-z]+://", link):
+                continue
+            target = (path.parent / link).resolve()
+            assert target.is_relative_to(ROOT), f"{path.name}: {link} is outside"
