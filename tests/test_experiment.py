@@ -326,10 +326,12 @@ def test_every_committed_grid_loads(path):
     assert grid.runs and all(spec.config() for spec in grid.runs)
 
 
-def _committable(root: Path) -> list[Path]:
-    """The files under experiments/ that git would commit: tracked, or new and not ignored."""
+def _committable(root: Path, *, tracked_only: bool = False) -> list[Path]:
+    """The files under experiments/ that git would commit: tracked, or new and not ignored
+    (``tracked_only``: those committed)."""
+    which = [] if tracked_only else ["-co", "--exclude-standard"]
     done = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard", "experiments"],
+        ["git", "ls-files", *which, "experiments"],
         cwd=root, capture_output=True, text=True,
     )  # fmt: skip
     if done.returncode != 0:  # not a git checkout: every file there
@@ -380,3 +382,13 @@ def test_a_run_with_fewer_checkpoints_than_asked_averages_what_it_has(tmp_path):
     scores = json.loads((grid.runs[0].run_dir / "scores.json").read_text())
     assert scores["test"]["average"] == 2  # as asked
     assert scores["test"]["checkpoints"] == ["step_0000003.safetensors"]  # what there was
+
+
+def test_every_committed_run_has_finished():
+    """A run is committed once it has finished (its finished.json with it): the small files of
+    one still training would be taken, on a fresh clone, for a run to start over into."""
+    root = Path(__file__).resolve().parent.parent
+    files = {p.relative_to(root) for p in _committable(root, tracked_only=True)}
+    runs = {f.parent for f in files if f.name == "metrics.jsonl"}
+    unfinished = sorted(str(r) for r in runs if r / "finished.json" not in files)
+    assert not unfinished, f"runs committed before they finished: {unfinished}"
