@@ -71,6 +71,11 @@ def test_a_short_demo_runs_end_to_end(tmp_path):
     assert (tmp_path / "demo" / "branch_weights.png").is_file()
     assert "CC-BY 2.0" in (tmp_path / "demo" / "ATTRIBUTION.txt").read_text()
     assert "wtnmt translate" in done.stdout and "BLEU" in done.stdout
+    # the schedule fitted to the updates that fit: warm-up ends inside even this short run
+    schedule = results["schedule"]
+    assert schedule["warmup"] < results["steps"] <= 2 * schedule["predicted_updates"]
+    assert schedule["cpu"]["model"] and schedule["precision"] in ("fp32", "bf16")
+    assert "schedule:" in done.stdout and "updates fit in 0.3 minutes" in done.stdout
 
 
 @needs_tatoeba

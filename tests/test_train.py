@@ -17,6 +17,7 @@ import yaml
 from safetensors.torch import load_file
 
 from helpers import overfit_run_config, sentence, tiny_run_config, translate, write_pairs
+from wtnmt.config import ConfigError, load_config
 from wtnmt.data import ParallelData, Vocabulary
 from wtnmt.decode import greedy_search
 from wtnmt.errors import CheckpointError, TrainingError
@@ -596,3 +597,52 @@ def test_a_resume_with_precision_auto_keeps_the_precision_the_run_was_trained_in
     assert Trainer(auto, tmp_path / "run", resume=True, **QUIET).precision == "fp32"
     stated = tiny_run_config(tmp_path, train={"max_steps": 4, "precision": "bf16"})
     assert Trainer(stated, tmp_path / "run", resume=True, **QUIET).precision == "bf16"
+
+
+def test_a_time_bounded_run_fits_its_warmup_to_the_updates_that_fit(tmp_path, monkeypatch):
+    """train.warmup_fraction: the warm-up is a fraction of the updates predicted from the
+    first updates' rate, so that a slow machine still ends warm-up (and κ/α's freeze window
+    opens) inside the run. A clock of 0.05 s an update makes the run ~100 updates long."""
+    import types
+
+    from wtnmt.train import loop
+
+    ticks = itertools.count()
+    fake = types.SimpleNamespace(perf_counter=lambda: next(ticks) * 0.05)  # a tick an update
+    monkeypatch.setattr(loop, "time", fake)
+    config = tiny_run_config(
+        tmp_path,
+        train={
+            "max_steps": None,
+            "max_time": 5.0,
+            "warmup": 4000,  # what a fixed schedule would have used: never reached
+            "warmup_fraction": 0.3,
+            "freeze_branch_weights": 0,
+            "log_every": 5,
+            "valid_every": 10_000,
+            "save_every": 10_000,
+        },
+    )
+    trainer = Trainer(config, tmp_path / "run", **QUIET)
+    state = trainer.run()
+    assert 95 <= state.step <= 105
+    assert 95 <= state.predicted_steps <= 105
+    assert state.warmup == round(0.3 * state.predicted_steps) and state.warmup < state.step
+    assert state.branch_warmup == round(state.warmup / 10)
+    log = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    steps = [e for e in log if "lr" in e]
+    peak = max(steps, key=lambda e: e["lr"])["step"]
+    assert abs(peak - state.warmup) <= 5  # the learning rate peaked at the fitted warm-up
+    frozen = [e["step"] for e in steps if e["lr_branch"] == 0.0]
+    assert frozen and min(frozen) > state.warmup  # κ/α frozen at the end, after warm-up
+    assert "schedule:" in (tmp_path / "run" / "train.log").read_text()
+
+
+def test_warmup_fraction_needs_a_time_bound():
+    with pytest.raises(ConfigError, match="warmup_fraction sets the warm-up of a run bounded"):
+        load_config("weighted-tiny", ["train.warmup_fraction=0.3", "train.max_steps=100"])
+    with pytest.raises(ConfigError, match=r"train\.warmup_fraction=1\.5 must be in \(0, 1\)"):
+        load_config(
+            "weighted-tiny",
+            ["train.warmup_fraction=1.5", "train.max_steps=null", "train.max_time=60"],
+        )

@@ -8,6 +8,7 @@ import functools
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -93,6 +94,30 @@ def _kernels_limited_below_bf16() -> bool:
     if isa and isa not in ("ALL", "DEFAULT"):
         return not any(tag in isa for tag in _ONEDNN_BF16_ISAS)
     return False
+
+
+def cpu_description() -> dict[str, Any]:
+    """The CPU as a figure beside a measurement needs it: its model name, the instruction
+    sets that decide the kernels (AVX2, AVX-512, VNNI, bf16, AMX) and ATen's capability."""
+    import torch
+
+    model, flags = "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model == "unknown":
+                model = value.strip()
+            elif key.strip() in ("flags", "Features"):
+                flags.update(value.split())
+    except OSError:
+        pass
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile", "bf16")
+    return {
+        "model": model,
+        "flags": [f for f in wanted if f in flags],
+        "aten_capability": torch.backends.cpu.get_cpu_capability(),
+        "cores": os.cpu_count(),
+    }
 
 
 @functools.cache

@@ -221,6 +221,10 @@ class TrainConfig:
     branch_schedule: Literal["own", "shared"] = "own"
     freeze_branch_weights: int = 10_000  # κ, α frozen for the last this-many steps
     freeze_branch_fraction: float = 1 / 6  # the same window for a run bounded by max_time
+    # a run bounded by max_time only: warm-up set to this fraction of the updates predicted to
+    # fit, from the rate of its first updates (κ/α warm-up a tenth of it), so that it ends
+    # inside the run on a slow machine too; None: train.warmup and train.branch_warmup
+    warmup_fraction: float | None = None
     adam_betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-9
     label_smoothing: float = 0.1
@@ -252,6 +256,16 @@ class TrainConfig:
                 f"train.freeze_branch_weights={self.freeze_branch_weights} must be >= 0"
             )
         _probability(self, "train", "label_smoothing", "freeze_branch_fraction")
+        if self.warmup_fraction is not None:
+            if not 0.0 < self.warmup_fraction < 1.0:
+                raise ConfigError(
+                    f"train.warmup_fraction={self.warmup_fraction!r} must be in (0, 1), or null"
+                )
+            if self.max_steps is not None or self.max_time is None:
+                raise ConfigError(
+                    "train.warmup_fraction sets the warm-up of a run bounded by train.max_time "
+                    "alone: set train.max_steps to null and train.max_time"
+                )
         _positive(self, "train", "max_nonfinite")
         if self.save_every is not None:
             _positive(self, "train", "save_every")

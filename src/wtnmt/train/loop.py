@@ -12,6 +12,7 @@ from typing import Any
 from wtnmt.errors import TrainingError
 from wtnmt.model import project_branch_weights
 from wtnmt.train.report import progress_bar
+from wtnmt.train.schedule import CALIBRATION_STEPS, fitted_warmup
 from wtnmt.train.state import InterruptFlag, TrainState, Window
 
 
@@ -85,9 +86,24 @@ class TrainingLoop:
         s.batch_in_epoch += len(group)
         s.elapsed += time.perf_counter() - start
         self._window.add(result.loss, result.nll, result.tokens, result.grad_norm)
+        if tc.warmup_fraction is not None and s.warmup is None and s.step >= CALIBRATION_STEPS:
+            self._fit_schedule()
         if progress is not None:
             progress.update(time.perf_counter() - start if progress.unit == "s" else 1)
         self._after_update(result.ratio, progress)
+
+    def _fit_schedule(self) -> None:
+        """The warm-ups of a time-bounded run, from the rate of its first updates."""
+        s, tc = self.state, self.tc
+        s.predicted_steps, s.warmup, s.branch_warmup = fitted_warmup(
+            s.step, s.elapsed, max_time=tc.max_time, fraction=tc.warmup_fraction
+        )
+        self.log(
+            f"schedule: {s.elapsed / s.step:.2f} s an update, about {s.predicted_steps:,} "
+            f"updates in train.max_time={tc.max_time:g} s: warm-up {s.warmup} "
+            f"(train.warmup_fraction={tc.warmup_fraction:g}), κ/α warm-up {s.branch_warmup}, "
+            f"κ/α frozen for the last {tc.freeze_branch_fraction:.0%} of the time"
+        )
 
     def _after_update(self, ratio: float | None, progress: Any) -> None:
         s, tc = self.state, self.tc

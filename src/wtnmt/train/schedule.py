@@ -24,11 +24,21 @@ def lr_scale(model, train) -> float:  # type: ignore[no-untyped-def]
     return train.peak_lr * (model.d_model * train.warmup) ** 0.5
 
 
-def learning_rates(step: int, model, train, *, frozen: bool) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+def learning_rates(  # type: ignore[no-untyped-def]
+    step: int,
+    model,
+    train,
+    *,
+    frozen: bool,
+    warmup: int | None = None,
+    branch_warmup: int | None = None,
+) -> tuple[float, float]:
     """(lr of the weights, lr of κ and α) at ``step``: κ, α on their own schedule, or the
-    shared one (``train.branch_schedule``), 0 inside the freeze window."""
+    shared one (``train.branch_schedule``), 0 inside the freeze window. ``warmup`` and
+    ``branch_warmup`` replace the config's (a schedule fitted to the run's measured rate)."""
     scale = lr_scale(model, train)
-    lr = inverse_sqrt(step, d_model=model.d_model, warmup=train.warmup, scale=scale)
+    warmup = warmup or train.warmup
+    lr = inverse_sqrt(step, d_model=model.d_model, warmup=warmup, scale=scale)
     if frozen:
         return lr, 0.0
     if train.branch_schedule == "shared":
@@ -37,9 +47,23 @@ def learning_rates(step: int, model, train, *, frozen: bool) -> tuple[float, flo
         step,
         d_model=model.d_model,
         layers=model.encoder_layers,
-        warmup=train.branch_warmup,
+        warmup=branch_warmup or train.branch_warmup,
         scale=scale,
     )
+
+
+CALIBRATION_STEPS = 5  # updates timed before a schedule is fitted to the rate
+
+
+def fitted_warmup(
+    steps: int, elapsed: float, *, max_time: float, fraction: float
+) -> tuple[int, int, int]:
+    """(predicted updates, warm-up, κ/α warm-up) of a run bounded by ``max_time`` seconds
+    that made ``steps`` updates in ``elapsed`` seconds: the warm-up ``fraction`` of the
+    predicted updates, κ/α's a tenth of it (the paper's ratio), each at least 1."""
+    predicted = max(steps, round(steps + (max_time - elapsed) * steps / max(elapsed, 1e-9)))
+    warmup = max(1, round(fraction * predicted))
+    return predicted, warmup, max(1, round(warmup / 10))
 
 
 def branch_weights_frozen(

@@ -28,6 +28,10 @@ class TrainState:
     nonfinite_total: int = 0
     nonfinite_run: int = 0
     finished: str | None = None  # why the run stopped, once it has
+    # the schedule a time-bounded run fitted to its measured rate (train.warmup_fraction)
+    predicted_steps: int | None = None
+    warmup: int | None = None
+    branch_warmup: int | None = None
 
 
 @dataclass

@@ -207,7 +207,15 @@ class Trainer(TrainingLoop):
         return torch.autocast(self.device.type, dtype=dtype)
 
     def _set_lr(self, frozen: bool) -> tuple[float, float]:
-        lr, lr_b = learning_rates(self.state.step + 1, self.config.model, self.tc, frozen=frozen)
+        s = self.state
+        lr, lr_b = learning_rates(
+            s.step + 1,
+            self.config.model,
+            self.tc,
+            frozen=frozen,
+            warmup=s.warmup,
+            branch_warmup=s.branch_warmup,
+        )
         self.optimizer.param_groups[0]["lr"] = lr
         if len(self.optimizer.param_groups) > 1:
             self.optimizer.param_groups[1]["lr"] = lr_b
