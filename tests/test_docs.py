@@ -104,3 +104,8 @@ def test_no_document_points_outside_the_repository():
                 continue
             target = (path.parent / link).resolve()
             assert target.is_relative_to(ROOT), f"{path.name}: {link} is outside"
+
+
+def test_the_readme_stays_a_users_guide():
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines: move the details to docs/"
