@@ -80,3 +80,13 @@ def overfit_run_config(tmp: Path, n_train: int, **train):  # type: ignore[no-unt
             **train,
         },
     )
+
+
+def train_tiny(tmp: Path, **train) -> Path:  # type: ignore[no-untyped-def]
+    """A weighted-tiny run of a few steps in ``tmp/run`` (``train`` overrides keys of the
+    train section), for tests that need any trained run."""
+    from wtnmt.train import Trainer
+
+    config = tiny_run_config(tmp, train={"max_steps": 4, "valid_every": 4, **train})
+    Trainer(config, tmp / "run", log_to_stderr=False).run()
+    return tmp / "run"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import tiny_run_config
+from helpers import tiny_run_config, train_tiny
 from wtnmt.cli import main as cli
 from wtnmt.data import prepare
 from wtnmt.data.vocab import vocabulary_sha256
@@ -29,10 +29,7 @@ QUIET = {"log_to_stderr": False}
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("lost")
-    config = tiny_run_config(tmp, train={"max_steps": 4, "valid_every": 4})
-    Trainer(config, tmp / "run", **QUIET).run()
-    return tmp / "run"
+    return train_tiny(tmp_path_factory.mktemp("lost"))
 
 
 def _snapshot(directory: Path) -> dict[str, bytes]:

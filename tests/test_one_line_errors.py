@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import tiny_run_config
+from helpers import tiny_run_config, train_tiny
 from wtnmt.analysis.metrics import read_metrics
 from wtnmt.cli import main as cli
 from wtnmt.config import ConfigError, config_to_dict
@@ -25,10 +25,7 @@ QUIET = {"log_to_stderr": False}
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("errors")
-    config = tiny_run_config(tmp, train={"max_steps": 4, "valid_every": 4})
-    Trainer(config, tmp / "run", **QUIET).run()
-    return tmp / "run"
+    return train_tiny(tmp_path_factory.mktemp("errors"))
 
 
 def one_line(capsys, command: str, *parts: str) -> str:

@@ -14,13 +14,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import tiny_run_config
+from helpers import train_tiny
 from wtnmt.analysis.metrics import read_metrics
 from wtnmt.cli import main as cli
 from wtnmt.config import ConfigError
 from wtnmt.experiment import load_grid
 from wtnmt.experiment.grid import ANALYZE_KEYS, BUDGET_KEYS, EVALUATE_KEYS, GRID_KEYS
-from wtnmt.train import Trainer
 
 SLOW_FIXTURE = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 SCALARS = (
@@ -41,10 +40,7 @@ VALUES = st.recursive(
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("props")
-    config = tiny_run_config(tmp, train={"max_steps": 4, "valid_every": 2, "log_every": 1})
-    Trainer(config, tmp / "run", log_to_stderr=False).run()
-    return tmp / "run"
+    return train_tiny(tmp_path_factory.mktemp("props"), valid_every=2, log_every=1)
 
 
 def _one_line_or_nothing(run) -> int:  # type: ignore[no-untyped-def]

@@ -23,10 +23,21 @@ def umask_mode() -> int:
     return 0o666 & ~mask
 
 
-def _mkstemp(path: Path) -> tuple[int, str]:
+@contextmanager
+def _replacing(path: Path, mode: str, encoding: str | None) -> Iterator[IO]:  # type: ignore[type-arg]
+    """A temporary file beside ``path`` (the umask's mode), fsynced and moved into place
+    when the block ends without an error; removed when it does not."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.fchmod(fd, umask_mode())
-    return fd, tmp
+    try:
+        os.fchmod(fd, umask_mode())
+        with os.fdopen(fd, mode, encoding=encoding) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -34,16 +45,8 @@ def atomic_write(path: Path, data: bytes) -> None:
     moved into place: a reader sees the old file or the new one, never a part."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _mkstemp(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with _replacing(path, "wb", None) as f:
+        f.write(data)
 
 
 def file_in_the_way(directory: str | Path) -> Path | None:
@@ -76,20 +79,10 @@ def output_file(path: str | Path, *, encoding: str = "utf-8") -> Iterator[IO[str
     except FileNotFoundError:
         special = False
     try:
-        if special:
-            with open(path, "w", encoding=encoding) as f:
-                yield f
-            return
-        fd, tmp = _mkstemp(path)
-        try:
-            with os.fdopen(fd, "w", encoding=encoding) as f:
-                yield f
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        with (
+            open(path, "w", encoding=encoding) if special else _replacing(path, "w", encoding) as f
+        ):
+            yield f
     except OSError as e:
         if e.filename is not None:
             raise
