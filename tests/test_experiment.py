@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import subprocess
 import sys
@@ -280,7 +281,7 @@ def test_averaging_more_checkpoints_than_kept_is_refused(tmp_path, average, mess
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT", "SIGINT to the run"])
 def test_a_signal_to_the_runner_alone_stops_its_runs_at_a_checkpoint(tmp_path, signum):
     import signal
     import time
@@ -306,10 +307,20 @@ def test_a_signal_to_the_runner_alone_stops_its_runs_at_a_checkpoint(tmp_path, s
     while not (run / "metrics.jsonl").is_file() and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(1.0)
-    proc.send_signal(getattr(signal, signum))
+    if signum == "SIGINT to the run":  # the run alone is stopped, from outside the runner
+        job = subprocess.run(["pgrep", "-f", str(run)], capture_output=True, text=True)
+        for pid in job.stdout.split():
+            os.kill(int(pid), signal.SIGINT)
+    else:
+        proc.send_signal(getattr(signal, signum))
     assert proc.wait(60) == 130
     err = proc.stderr.read()
-    assert "interrupted: run `wtnmt experiment" in err and "Traceback" not in err
+    assert "Traceback" not in err and "FAILED" not in err
+    if signum == "SIGINT to the run":
+        assert "weighted-s1: interrupted; run `wtnmt experiment" in err
+        assert "again to resume it" in err
+    else:
+        assert "interrupted: run `wtnmt experiment" in err
     jobs = subprocess.run(["pgrep", "-f", str(run)], capture_output=True, text=True).stdout
     assert jobs == ""  # no run left training on its own
     assert "interrupted at step" in (run / "train.log").read_text()
