@@ -403,3 +403,15 @@ def test_every_committed_run_has_finished():
     runs = {f.parent for f in files if f.name == "metrics.jsonl"}
     unfinished = sorted(str(r) for r in runs if r / "finished.json" not in files)
     assert not unfinished, f"runs committed before they finished: {unfinished}"
+
+
+def test_only_runs_the_runs_named_and_leaves_the_report_for_later(tmp_path, capsys):
+    path = write_grid(tmp_path)  # seeds 1 and 2, a report
+    assert main(["experiment", str(path), "--only", "*-s2"]) == 0
+    err = capsys.readouterr().err
+    assert "1 runs, 0 done, 1 to train" in err and "its report waits for them" in err
+    assert (tmp_path / "runs" / "weighted-s2" / "finished.json").is_file()
+    assert not (tmp_path / "runs" / "weighted-s1").exists()
+    assert not (tmp_path / "report").exists()
+    assert main(["experiment", str(path), "--only", "nothing-*"]) == 2
+    assert "--only 'nothing-*': no run of" in capsys.readouterr().err

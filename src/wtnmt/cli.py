@@ -273,6 +273,14 @@ def _add_experiment(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("grid", metavar="FILE", help="a grid file, e.g. experiments/multi30k-en-de.yaml")
     p.add_argument("--dry-run", action="store_true", help="say what is left to do, do nothing")
+    p.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="only the runs whose name (e.g. weighted-s2) matches PATTERN (shell-style, "
+        "e.g. 'transformer-*'; repeatable); the report is written once all runs are done",
+    )
     p.set_defaults(func=cmd_experiment)
 
 

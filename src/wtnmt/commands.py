@@ -322,13 +322,19 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 def cmd_experiment(args: argparse.Namespace) -> int:
     from wtnmt.errors import TrainingError
-    from wtnmt.experiment import load_grid, run_grid
+    from wtnmt.experiment import load_grid, only_runs, plan_task, run_grid
 
     grid = load_grid(args.grid)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    everything = grid
+    if args.only:
+        grid = only_runs(grid, args.only)
     outcome = run_grid(grid, dry_run=args.dry_run, say=say)
     if args.dry_run:
         return 0
+    if grid is not everything and any(plan_task(s, everything) for s in everything.runs):
+        say("the grid's other runs are not done: its report waits for them")
+        grid = dataclasses.replace(grid, analyze=None)
     failed = {k: v for k, v in outcome.items() if v.startswith("failed")}
     if "interrupted" in outcome.values():  # stopped from outside: nothing whole to analyze
         say(f"some runs were interrupted: run `wtnmt experiment {grid.path}` again to resume")

@@ -5,7 +5,7 @@ The highest layer with the command line: it drives training, decoding and analys
 imported by none of them.
 """
 
-from wtnmt.experiment.grid import Grid, RunSpec, load_grid
+from wtnmt.experiment.grid import Grid, RunSpec, load_grid, only_runs
 from wtnmt.experiment.runner import plan_task, run_grid
 
-__all__ = ["Grid", "RunSpec", "load_grid", "plan_task", "run_grid"]
+__all__ = ["Grid", "RunSpec", "load_grid", "only_runs", "plan_task", "run_grid"]

@@ -239,4 +239,18 @@ def load_grid(path: str | Path) -> Grid:
     return grid
 
 
-__all__ = ["Grid", "RunSpec", "load_grid"]
+def only_runs(grid: Grid, patterns: list[str]) -> Grid:
+    """The grid with only the runs whose name matches one of ``patterns`` (shell-style); a
+    pattern that matches none is a ConfigError naming the runs there are."""
+    import dataclasses
+    import fnmatch
+
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(s.name, pattern) for s in grid.runs):
+            names = ", ".join(s.name for s in grid.runs)
+            raise ConfigError(f"--only {pattern!r}: no run of {grid.path} is named so ({names})")
+    kept = tuple(s for s in grid.runs if any(fnmatch.fnmatchcase(s.name, p) for p in patterns))
+    return dataclasses.replace(grid, runs=kept)
+
+
+__all__ = ["Grid", "RunSpec", "load_grid", "only_runs"]
