@@ -86,20 +86,7 @@ def run_demo(
         )
         raise
     trained = time.perf_counter() - start
-    schedule = {
-        "cpu": cpu_description(),
-        "precision": trainer.precision,
-        "predicted_updates": state.predicted_steps,
-        "warmup": state.warmup,
-        "branch_warmup": state.branch_warmup,
-    }
-    cpu = schedule["cpu"]
-    say(
-        f"\nschedule: {cpu['model']} ({', '.join(cpu['flags']) or 'no AVX2'}; ATen "
-        f"{cpu['aten_capability']}), {trainer.precision}: about {state.predicted_steps} updates "
-        f"fit in {minutes:g} minutes, so warm-up {state.warmup} and κ/α warm-up "
-        f"{state.branch_warmup} (train.warmup_fraction {WARMUP_FRACTION:g}); {state.step} made"
-    )
+    schedule = _schedule(trainer, minutes, say)
     chosen, dev = _choose_weights(out, trainer.data_dir, config.decode.beam, say)
     test = _translate_test(chosen, trainer.data_dir, out, config.decode.beam, say)
     translator = test.pop("translator")
@@ -137,6 +124,25 @@ def run_demo(
     say(f"results: {out / 'results.json'}")
     say(f"translate with:\n  echo 'How are you?' | {_command()} translate {chosen}")
     return results
+
+
+def _schedule(trainer: Trainer, minutes: float, say: Callable[[str], None]) -> dict[str, Any]:
+    """What the demo chose and why: the CPU, the precision, the updates that fit and the
+    warm-ups fitted to them."""
+    state, cpu = trainer.state, cpu_description()
+    say(
+        f"\nschedule: {cpu['model']} ({', '.join(cpu['flags']) or 'no AVX2'}; ATen "
+        f"{cpu['aten_capability']}), {trainer.precision}: about {state.predicted_steps} updates "
+        f"fit in {minutes:g} minutes, so warm-up {state.warmup} and κ/α warm-up "
+        f"{state.branch_warmup} (train.warmup_fraction {WARMUP_FRACTION:g}); {state.step} made"
+    )
+    return {
+        "cpu": cpu,
+        "precision": trainer.precision,
+        "predicted_updates": state.predicted_steps,
+        "warmup": state.warmup,
+        "branch_warmup": state.branch_warmup,
+    }
 
 
 def _translate_test(
