@@ -646,3 +646,28 @@ def test_warmup_fraction_needs_a_time_bound():
             "weighted-tiny",
             ["train.warmup_fraction=1.5", "train.max_steps=null", "train.max_time=60"],
         )
+
+
+def test_a_run_of_fewer_updates_than_the_calibration_still_ends_its_warmup(tmp_path, monkeypatch):
+    """A machine so slow that only 3 updates fit: the warm-up fitted after each of them
+    still ends inside the run (the config's 4,000 would never end)."""
+    import types
+
+    from wtnmt.train import loop
+
+    ticks = itertools.count()
+    fake = types.SimpleNamespace(perf_counter=lambda: next(ticks) * 2.0)  # 2 s an update
+    monkeypatch.setattr(loop, "time", fake)
+    config = tiny_run_config(
+        tmp_path,
+        train={
+            "max_steps": None,
+            "max_time": 6.0,
+            "warmup": 4000,
+            "warmup_fraction": 0.3,
+            "valid_every": 10_000,
+            "save_every": 10_000,
+        },
+    )
+    state = Trainer(config, tmp_path / "run", **QUIET).run()
+    assert state.step == 3 and state.predicted_steps == 3 and state.warmup == 1

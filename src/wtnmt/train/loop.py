@@ -86,18 +86,22 @@ class TrainingLoop:
         s.batch_in_epoch += len(group)
         s.elapsed += time.perf_counter() - start
         self._window.add(result.loss, result.nll, result.tokens, result.grad_norm)
-        if tc.warmup_fraction is not None and s.warmup is None and s.step >= CALIBRATION_STEPS:
-            self._fit_schedule()
+        if tc.warmup_fraction is not None and s.step <= CALIBRATION_STEPS:
+            # fitted after every one of the first updates, so that even a run too short (or
+            # a machine too slow) for all of them ends its warm-up inside; kept after them
+            self._fit_schedule(say=s.step == CALIBRATION_STEPS)
         if progress is not None:
             progress.update(time.perf_counter() - start if progress.unit == "s" else 1)
         self._after_update(result.ratio, progress)
 
-    def _fit_schedule(self) -> None:
+    def _fit_schedule(self, *, say: bool) -> None:
         """The warm-ups of a time-bounded run, from the rate of its first updates."""
         s, tc = self.state, self.tc
         s.predicted_steps, s.warmup, s.branch_warmup = fitted_warmup(
             s.step, s.elapsed, max_time=tc.max_time, fraction=tc.warmup_fraction
         )
+        if not say:
+            return
         self.log(
             f"schedule: {s.elapsed / s.step:.2f} s an update, about {s.predicted_steps:,} "
             f"updates in train.max_time={tc.max_time:g} s: warm-up {s.warmup} "

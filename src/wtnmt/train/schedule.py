@@ -52,7 +52,7 @@ def learning_rates(  # type: ignore[no-untyped-def]
     )
 
 
-CALIBRATION_STEPS = 5  # updates timed before a schedule is fitted to the rate
+CALIBRATION_STEPS = 5  # the first updates, after each of which the schedule is fitted again
 
 
 def fitted_warmup(
