@@ -313,3 +313,18 @@ def test_a_clone_without_weights_reports_the_same_numbers(runs, tmp_path):
     ):
         assert _markdown_table(again, title) == _markdown_table(full, title), title
     assert not (tmp_path / "again" / "attention-weighted-s1.png").exists()  # needs the weights
+
+
+def test_report_cells_give_one_form_a_column():
+    """A mean over one seed (a float) reads as the runs' own rows do: counts, milliseconds and
+    seconds whole from 100 on, scores and ratios to two decimals."""
+    from wtnmt.analysis.report import _cell
+
+    assert [_cell(193.0), _cell(939.8), _cell(1278.3), _cell(38.471), _cell(0.78)] == [
+        "193",
+        "940",
+        "1,278",
+        "38.47",
+        "0.78",
+    ]
+    assert _cell(None) == "–" and _cell(7000) == "7000"

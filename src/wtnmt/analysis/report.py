@@ -350,8 +350,8 @@ def _write(report: _Report, runs: list[Run], target: float | None) -> dict[str, 
 def _cell(value: Any) -> str:
     if value is None:
         return "–"
-    if isinstance(value, float):
-        return f"{value:.2f}" if abs(value) < 1000 else f"{value:,.0f}"
+    if isinstance(value, float):  # scores and ratios to 2 decimals; counts, ms and seconds whole
+        return f"{value:.2f}" if abs(value) < 100 else f"{value:,.0f}"
     return str(value)
 
 
