@@ -34,6 +34,7 @@ from decode_speed import batches, setup
 from train_speed import ROOT
 from wtnmt.decode import beam_search, greedy_search
 from wtnmt.model import quantize_decoding
+from wtnmt.runtime import machine_line
 
 
 def decode(model, inputs: list[torch.Tensor], beam: int, length: int) -> float:  # type: ignore[no-untyped-def]
@@ -64,6 +65,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quantize", choices=["none", "int8"], default="none")
     args = parser.parse_args()
+    print(machine_line(2), flush=True)
     model, data = setup(args.bench_dir, args.work)
     quantize_decoding(model, args.quantize)
     n = args.sentences

@@ -33,7 +33,7 @@ from wtnmt.config import load_config
 from wtnmt.data import ParallelData
 from wtnmt.decode import beam_search, greedy_search
 from wtnmt.model import build_model
-from wtnmt.runtime import tune_cpu_allocator
+from wtnmt.runtime import machine_line, tune_cpu_allocator
 from wtnmt.special import EOS, PAD
 
 LENGTH = 24
@@ -100,6 +100,7 @@ def main() -> None:
         help="batch the sentences in file order, unsorted (as JoeyNMT's figures were taken)",
     )
     args = parser.parse_args()
+    print(machine_line(2), flush=True)
     model, data = setup(args.bench_dir, args.work)
     inputs = batches(data, args.limit, 32, by_length=not args.file_order)
     run(model, inputs[:1], beam=5, use_cache=True)  # warm-up

@@ -64,7 +64,7 @@ from wtnmt.decode import greedy_search
 from wtnmt.decode.search import search_batch
 from wtnmt.decode.workers import SearchWorkers
 from wtnmt.model import build_model, quantize_decoding
-from wtnmt.runtime import tune_cpu_allocator
+from wtnmt.runtime import machine_line, tune_cpu_allocator
 from wtnmt.special import EOS
 
 # wtnmt's search never outputs padding or BOS: CTranslate2 is told the same
@@ -152,6 +152,7 @@ def main() -> None:
     parser.add_argument("--pause", type=float, default=0.3, help="seconds before each entry")
     parser.add_argument("--check", type=int, default=256, help="sentences checked first")
     args = parser.parse_args()
+    print(machine_line(args.threads), flush=True)
     torch.set_num_threads(args.threads)
     tune_cpu_allocator()
     vocab_size = build_data(args.bench_dir, args.work)

@@ -32,6 +32,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--batches", type=int, default=10)
     args = parser.parse_args()
+    from wtnmt.runtime import machine_line
+
+    print(machine_line(args.threads), flush=True)
 
     import torch
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 
 from wtnmt.config import load_config
+from wtnmt.runtime import machine_line
 
 
 def default_input(run_dir: Path) -> Path:
@@ -151,6 +152,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--overload-queue", type=int, default=16, help="queue of the 429 test")
     args = parser.parse_args()
+    print(machine_line(args.threads), flush=True)
     if not (args.run_dir / "model.safetensors").is_file():
         parser.error(f"{args.run_dir}: no trained run there (run `make demo` first)")
     source = args.input or default_input(args.run_dir)

@@ -24,7 +24,7 @@ from wtnmt.loss import label_smoothed_cross_entropy
 from wtnmt.model import build_model
 from wtnmt.model.branched import BranchedAttention
 from wtnmt.model.reference import UnfusedBranchedAttention
-from wtnmt.runtime import tune_cpu_allocator
+from wtnmt.runtime import machine_line, tune_cpu_allocator
 from wtnmt.special import BOS, EOS, PAD
 from wtnmt.train.state import make_adam
 
@@ -120,6 +120,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--skip-a", action="store_true", help="only the small preset")
     args = parser.parse_args()
+    print(machine_line(args.threads), flush=True)
     torch.set_num_threads(args.threads)
     tuned = tune_cpu_allocator()  # as `wtnmt train` does
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, allocator tuned: {tuned}")

@@ -274,6 +274,9 @@ def main() -> None:
         "--memory", nargs=2, metavar=("FLAVOUR", "PRECISION"), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
+    from wtnmt.runtime import machine_line
+
+    print(machine_line(args.threads), flush=True)
     vocab = build_data(args.bench_dir, args.work)
     data = args.work / "prepared"
     if args.memory:

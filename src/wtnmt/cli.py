@@ -185,7 +185,7 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "demo",
         help="prepare Tatoeba en→de, train, evaluate: the main job in one command",
-        description="Train the weighted-small Weighted Transformer on Tatoeba English→German "
+        description="Train the weighted-demo Weighted Transformer on Tatoeba English→German "
         "for a wall-clock budget, then evaluate it with beam search and sacreBLEU.",
     )
     p.add_argument(
@@ -199,7 +199,7 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="SECTION.KEY=VALUE",
-        help="override a key of the weighted-small preset",
+        help="override a key of the weighted-demo preset",
     )
     p.set_defaults(func=cmd_demo)
 

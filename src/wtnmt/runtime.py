@@ -120,6 +120,22 @@ def cpu_description() -> dict[str, Any]:
     }
 
 
+def machine_line(threads: int | None = None) -> str:
+    """One line to print beside a measurement: the CPU's model and the flags that decide its
+    kernels, ATen's capability, the cores, torch's version, the threads used and the command."""
+    import sys
+
+    import torch
+
+    cpu = cpu_description()
+    used = threads if threads is not None else torch.get_num_threads()
+    return (
+        f"machine: {cpu['model']} ({' '.join(cpu['flags']) or 'no AVX2'}; ATen "
+        f"{cpu['aten_capability']}), {cpu['cores']} cores, torch {torch.__version__}, "
+        f"{used} thread{'s' if used != 1 else ''}; command: {' '.join(sys.argv)}"
+    )
+
+
 @functools.cache
 def cpu_has_native_bf16() -> bool:
     """Whether this process multiplies bf16 in hardware (x86 AVX512-BF16 or AMX-BF16, Arm
