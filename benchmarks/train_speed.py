@@ -130,7 +130,9 @@ class Floor:
             tokens += n
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return 0.0, 0.0, tokens, 0.0, None
+        from wtnmt.train.update import UpdateResult
+
+        return UpdateResult(loss=0.0, nll=0.0, tokens=tokens, grad_norm=0.0, ratio=None)
 
 
 def _trainer(flavour: str, precision: str, data: Path, vocab: int, run: str, threads: int):  # type: ignore[no-untyped-def]
@@ -211,7 +213,7 @@ def alternate(
             shift = rounds % len(names)
             for name in names[shift:] + names[:shift]:
                 start = time.perf_counter()
-                _, _, n, _, _ = entries[name].update([batch])
+                n = entries[name].update([batch]).tokens
                 if rounds >= warmup:
                     spent[name] += time.perf_counter() - start
                     tokens[name] += n
