@@ -599,29 +599,36 @@ def test_a_resume_with_precision_auto_keeps_the_precision_the_run_was_trained_in
     assert Trainer(stated, tmp_path / "run", resume=True, **QUIET).precision == "bf16"
 
 
-def test_a_time_bounded_run_fits_its_warmup_to_the_updates_that_fit(tmp_path, monkeypatch):
-    """train.warmup_fraction: the warm-up is a fraction of the updates predicted from the
-    first updates' rate, so that a slow machine still ends warm-up (and κ/α's freeze window
-    opens) inside the run. A clock of 0.05 s an update makes the run ~100 updates long."""
+def _on_a_fake_clock(tmp_path, monkeypatch, seconds_an_update, **train):  # type: ignore[no-untyped-def]
+    """A tiny time-bounded run whose training loop reads a clock that moves
+    ``seconds_an_update`` at each reading (one an update), with train.warmup_fraction 0.3 and a
+    config warm-up of 4,000 that a fixed schedule would never reach."""
     import types
 
     from wtnmt.train import loop
 
     ticks = itertools.count()
-    fake = types.SimpleNamespace(perf_counter=lambda: next(ticks) * 0.05)  # a tick an update
+    fake = types.SimpleNamespace(perf_counter=lambda: next(ticks) * seconds_an_update)
     monkeypatch.setattr(loop, "time", fake)
-    config = tiny_run_config(
+    return tiny_run_config(
         tmp_path,
         train={
             "max_steps": None,
-            "max_time": 5.0,
-            "warmup": 4000,  # what a fixed schedule would have used: never reached
+            "warmup": 4000,
             "warmup_fraction": 0.3,
-            "freeze_branch_weights": 0,
-            "log_every": 5,
             "valid_every": 10_000,
             "save_every": 10_000,
+            **train,
         },
+    )
+
+
+def test_a_time_bounded_run_fits_its_warmup_to_the_updates_that_fit(tmp_path, monkeypatch):
+    """train.warmup_fraction: the warm-up is a fraction of the updates predicted from the
+    first updates' rate, so that a slow machine still ends warm-up (and κ/α's freeze window
+    opens) inside the run. A clock of 0.05 s an update makes the run ~100 updates long."""
+    config = _on_a_fake_clock(
+        tmp_path, monkeypatch, 0.05, max_time=5.0, freeze_branch_weights=0, log_every=5
     )
     trainer = Trainer(config, tmp_path / "run", **QUIET)
     state = trainer.run()
@@ -651,23 +658,6 @@ def test_warmup_fraction_needs_a_time_bound():
 def test_a_run_of_fewer_updates_than_the_calibration_still_ends_its_warmup(tmp_path, monkeypatch):
     """A machine so slow that only 3 updates fit: the warm-up fitted after each of them
     still ends inside the run (the config's 4,000 would never end)."""
-    import types
-
-    from wtnmt.train import loop
-
-    ticks = itertools.count()
-    fake = types.SimpleNamespace(perf_counter=lambda: next(ticks) * 2.0)  # 2 s an update
-    monkeypatch.setattr(loop, "time", fake)
-    config = tiny_run_config(
-        tmp_path,
-        train={
-            "max_steps": None,
-            "max_time": 6.0,
-            "warmup": 4000,
-            "warmup_fraction": 0.3,
-            "valid_every": 10_000,
-            "save_every": 10_000,
-        },
-    )
+    config = _on_a_fake_clock(tmp_path, monkeypatch, 2.0, max_time=6.0)
     state = Trainer(config, tmp_path / "run", **QUIET).run()
     assert state.step == 3 and state.predicted_steps == 3 and state.warmup == 1
