@@ -661,3 +661,14 @@ def test_a_run_of_fewer_updates_than_the_calibration_still_ends_its_warmup(tmp_p
     config = _on_a_fake_clock(tmp_path, monkeypatch, 2.0, max_time=6.0)
     state = Trainer(config, tmp_path / "run", **QUIET).run()
     assert state.step == 3 and state.predicted_steps == 3 and state.warmup == 1
+
+
+def test_a_fitted_warmup_keeps_the_configured_peak_learning_rate(tmp_path, monkeypatch):
+    """train.peak_lr with train.warmup_fraction: the schedule peaks at peak_lr at the fitted
+    warm-up (its scale follows the warm-up in use, not the config's 4,000)."""
+    config = _on_a_fake_clock(tmp_path, monkeypatch, 0.05, max_time=5.0, peak_lr=0.002, log_every=1)
+    state = Trainer(config, tmp_path / "run", **QUIET).run()
+    log = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    top = max((e for e in log if "lr" in e), key=lambda e: e["lr"])
+    assert top["lr"] == pytest.approx(0.002, rel=1e-3)
+    assert abs(top["step"] - state.warmup) <= 1

@@ -123,8 +123,6 @@ def cpu_description() -> dict[str, Any]:
 def machine_line(threads: int | None = None) -> str:
     """One line to print beside a measurement: the CPU's model and the flags that decide its
     kernels, ATen's capability, the cores, torch's version, the threads used and the command."""
-    import sys
-
     import torch
 
     cpu = cpu_description()

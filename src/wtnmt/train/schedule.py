@@ -16,12 +16,13 @@ def branch_lr(step: int, *, d_model: int, layers: int, warmup: int, scale: float
     return scale * (d_model / layers) ** -0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
-def lr_scale(model, train) -> float:  # type: ignore[no-untyped-def]
+def lr_scale(model, train, warmup: int | None = None) -> float:  # type: ignore[no-untyped-def]
     """The schedule's scale: ``train.lr_scale``, or the one whose peak is ``train.peak_lr``
-    (the peak of D^-0.5 · min(step^-0.5, step · warmup^-1.5) is (D · warmup)^-0.5)."""
+    (the peak of D^-0.5 · min(step^-0.5, step · warmup^-1.5) is (D · warmup)^-0.5) at the
+    warm-up in use (``warmup``, fitted, or the config's)."""
     if train.peak_lr is None:
         return train.lr_scale
-    return train.peak_lr * (model.d_model * train.warmup) ** 0.5
+    return train.peak_lr * (model.d_model * (warmup or train.warmup)) ** 0.5
 
 
 def learning_rates(  # type: ignore[no-untyped-def]
@@ -36,8 +37,8 @@ def learning_rates(  # type: ignore[no-untyped-def]
     """(lr of the weights, lr of κ and α) at ``step``: κ, α on their own schedule, or the
     shared one (``train.branch_schedule``), 0 inside the freeze window. ``warmup`` and
     ``branch_warmup`` replace the config's (a schedule fitted to the run's measured rate)."""
-    scale = lr_scale(model, train)
     warmup = warmup or train.warmup
+    scale = lr_scale(model, train, warmup)
     lr = inverse_sqrt(step, d_model=model.d_model, warmup=warmup, scale=scale)
     if frozen:
         return lr, 0.0
