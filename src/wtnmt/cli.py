@@ -13,6 +13,7 @@ from wtnmt.commands import (
     cmd_demo,
     cmd_evaluate,
     cmd_experiment,
+    cmd_export,
     cmd_prepare,
     cmd_serve,
     cmd_train,
@@ -57,6 +58,39 @@ def _add_quantize(p: argparse.ArgumentParser) -> None:
         choices=["none", "int8"],
         help="int8: decode with int8 linear layers (CPU; faster, approximate; default none)",
     )
+
+
+def _add_engine(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--engine",
+        default="pytorch",
+        choices=["pytorch", "onnxruntime"],
+        help="what runs the network: PyTorch, or ONNX Runtime on the run's ONNX export "
+        "(RUN/onnx, made on first use; CPU; pip install 'wtnmt[onnx]'; default pytorch)",
+    )
+
+
+def _add_export(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "export",
+        help="a trained run as ONNX graphs (ONNX Runtime) or a CTranslate2 model",
+        description="onnx: the encoder and one decoder step as ONNX graphs, for "
+        "--engine onnxruntime or any ONNX Runtime (needs onnx and onnxscript: pip install "
+        "'wtnmt[onnx]'). ctranslate2: a CTranslate2 model of a Transformer run (the branched "
+        "layers of a Weighted Transformer have no CTranslate2 spec).",
+    )
+    p.add_argument("format", choices=["onnx", "ctranslate2"])
+    p.add_argument("run_dir", metavar="RUN")
+    p.add_argument("--out", help="the export's directory (default RUN/onnx for onnx)")
+    p.add_argument("--weights", default="model.safetensors", help="weights file in RUN")
+    p.add_argument(
+        "--quantize",
+        default="none",
+        choices=["none", "int8"],
+        help="int8: also int8 graphs (onnx), or an int8 model (ctranslate2)",
+    )
+    p.add_argument("--force", action="store_true", help="replace an earlier export in --out")
+    p.set_defaults(func=cmd_export)
 
 
 def _add_prepare(commands: argparse._SubParsersAction) -> None:
@@ -146,6 +180,7 @@ def _add_translate(commands: argparse._SubParsersAction) -> None:
         "(CPU; faster on many sentences, seconds to start; default 1: in this process)",
     )
     _add_quantize(p)
+    _add_engine(p)
     p.set_defaults(func=cmd_translate)
 
 
@@ -178,6 +213,7 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of --branch-weights random")
     p.add_argument("--device", default="cpu")
     _add_quantize(p)
+    _add_engine(p)
     p.set_defaults(func=cmd_evaluate)
 
 
@@ -216,6 +252,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     )
     add_serve_arguments(p)
     _add_quantize(p)
+    _add_engine(p)
     p.set_defaults(func=cmd_serve)
 
 
@@ -297,6 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_demo,
         _add_serve,
         _add_average,
+        _add_export,
         _add_analyze,
         _add_experiment,
     ):

@@ -125,14 +125,20 @@ def nbest_lines(index: int, options, n: int) -> list[str]:  # type: ignore[no-un
 
 def cmd_translate(args: argparse.Namespace) -> int:
     from wtnmt.data.io import stream_lines
-    from wtnmt.runtime import check_device, check_quantize, tune_cpu_allocator
+    from wtnmt.runtime import check_device, check_engine, check_quantize, tune_cpu_allocator
 
     for option in ("beam", "nbest", "chunk", "threads", "workers"):  # before the model loads
         value = getattr(args, option)
         if value is not None and value < 1:
             raise ConfigError(f"--{option} {value}: must be at least 1")
     check_quantize(args.quantize, args.device)
+    check_engine(args.engine, args.device)
     check_device(args.device)
+    if args.workers > 1 and args.engine != "pytorch":
+        raise ConfigError(
+            f"--workers {args.workers} runs the PyTorch engine; ONNX Runtime decodes on "
+            "--threads in this process"
+        )
     if args.workers > 1 and args.device != "cpu":
         raise ConfigError(
             f"--workers {args.workers} decodes on the CPU only, not --device {args.device}"
@@ -147,7 +153,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
     tune_cpu_allocator()
     if args.threads:
         torch.set_num_threads(args.threads)
-    translator = Translator.load(args.run_dir, device=args.device, quantize=args.quantize)
+    translator = Translator.load(
+        args.run_dir, device=args.device, quantize=args.quantize, engine=args.engine
+    )
     beam = args.beam or translator.config.decode.beam
     nbest = args.nbest or translator.config.decode.nbest
     if nbest > beam:
@@ -216,11 +224,19 @@ def _update_scores(path: Path, scores: dict) -> None:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from wtnmt.decode.evaluate import paired_bootstrap, score_corpus
     from wtnmt.decode.translator import Translator
-    from wtnmt.runtime import check_quantize, tune_cpu_allocator
+    from wtnmt.runtime import check_engine, check_quantize, tune_cpu_allocator
 
     check_quantize(args.quantize, args.device)
+    check_engine(args.engine, args.device)
+    if args.engine != "pytorch" and args.branch_weights != "learned":
+        raise ConfigError(
+            f"--branch-weights {args.branch_weights} overrides κ, α in the PyTorch engine "
+            "only: leave out --engine onnxruntime"
+        )
     tune_cpu_allocator()
-    translator = Translator.load(args.run_dir, device=args.device, quantize=args.quantize)
+    translator = Translator.load(
+        args.run_dir, device=args.device, quantize=args.quantize, engine=args.engine
+    )
     if args.corpus:
         from wtnmt.data.prepare import raw_split
 
@@ -248,6 +264,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         name += f".{args.branch_weights}"
     if args.quantize != "none":  # its own files: never the float32 evaluation's
         name += f".{args.quantize}"
+    if args.engine != "pytorch":
+        name += f".{args.engine}"
     beam = args.beam or translator.config.decode.beam
     print(f"translating {len(src):,} sentences with beam {beam}", file=sys.stderr)
     hyps = translator.translate(src, beam=args.beam)
@@ -255,6 +273,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     scores["source"] = source  # what was scored: a corpus split, or the two files
     scores["branch_weights"] = args.branch_weights
     scores["quantize"] = args.quantize
+    scores["engine"] = args.engine
     out = Path(args.run_dir) / "eval"
     out.mkdir(exist_ok=True)
     (out / f"{name}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
@@ -278,6 +297,21 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             f"(paired bootstrap)"
         )
     print(f"hypotheses: {out / (name + '.hyp')}   scores: {Path(args.run_dir) / 'scores.json'}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from wtnmt.export import export
+
+    out = export(
+        args.format,
+        args.run_dir,
+        args.out,
+        weights=args.weights,
+        quantize=args.quantize,
+        force=args.force,
+    )
+    print(f"{args.format} export: {out}")
     return 0
 
 

@@ -79,6 +79,14 @@ def check_quantize(quantize: str, device: str) -> None:
         raise ConfigError(f"--quantize {quantize} decodes on the CPU only, not --device {device}")
 
 
+def check_engine(engine: str, device: str) -> None:
+    """ONNX Runtime runs on the CPU here: a one-line ConfigError for another device."""
+    from wtnmt.config import ConfigError
+
+    if engine != "pytorch" and device != "cpu":
+        raise ConfigError(f"--engine {engine} decodes on the CPU only, not --device {device}")
+
+
 # oneDNN's instruction sets (ONEDNN_MAX_CPU_ISA) that multiply bf16 in hardware
 _ONEDNN_BF16_ISAS = ("BF16", "AMX", "FP16", "AVX10")
 
@@ -111,13 +119,28 @@ def cpu_description() -> dict[str, Any]:
                 flags.update(value.split())
     except OSError:
         pass
-    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile", "bf16")
+    wanted = (
+        "avx2",
+        "avx512f",
+        "avx512_vnni",
+        "avx_vnni",
+        "avx512_bf16",
+        "amx_bf16",
+        "amx_tile",
+        "bf16",
+    )
     return {
         "model": model,
         "flags": [f for f in wanted if f in flags],
         "aten_capability": torch.backends.cpu.get_cpu_capability(),
         "cores": os.cpu_count(),
     }
+
+
+def cpu_has_vnni() -> bool:
+    """Whether the CPU has int8 dot products (AVX512-VNNI or AVX-VNNI). Without them x86 int8
+    products saturate on 8-bit activations, so int8 weights keep to 7 bits (reduce_range)."""
+    return any(f in cpu_description()["flags"] for f in ("avx512_vnni", "avx_vnni"))
 
 
 def machine_line(threads: int | None = None) -> str:

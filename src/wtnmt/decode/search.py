@@ -1,4 +1,5 @@
-"""Greedy and beam search over the model's ``encode`` / ``decode_step`` interface.
+"""Greedy and beam search over the model's ``encode`` / ``decode_step`` interface (or over
+another engine's network with a stepper of its own: decode/onnx_engine.py).
 
 Search is a policy over a model, so it lives outside it (STYLE.md). Both searches are batched
 over sentences and use the key/value cache; ``use_cache=False`` re-runs the decoder over the
@@ -78,6 +79,14 @@ class _Stepper:
         return F.log_softmax(logits.float(), dim=-1)
 
 
+def _start(model, src: Tensor, *, use_cache: bool, steps: int, group: int):  # type: ignore[no-untyped-def]
+    """The stepper of ``model``: a PyTorch model's (above), or the one another engine's
+    network makes (``stepper(src, steps=, group=)``, e.g. decode/onnx_engine.py)."""
+    if isinstance(model, torch.nn.Module):
+        return _Stepper(model, src, use_cache, steps=steps, group=group)
+    return model.stepper(src, steps=steps, group=group)
+
+
 def _constrain(lprobs: Tensor, t: int, min_len: int, forced: Tensor | None) -> Tensor:
     """Rule out what may not come next, in place: PAD and BOS never, EOS before ``min_len``;
     rows ``forced`` [N] (True: at the length limit) may only end. lprobs [N, ..., V]."""
@@ -93,7 +102,7 @@ def _constrain(lprobs: Tensor, t: int, min_len: int, forced: Tensor | None) -> T
 
 def _limits(model, src: Tensor, max_len_a: float, max_len_b: int, max_len: int | None) -> Tensor:  # type: ignore[no-untyped-def]
     """Per sentence, the number of tokens after which EOS is forced."""
-    cap = model.positions.max_positions - 1
+    cap = model.max_positions - 1
     if max_len is not None:
         return torch.full((src.size(0),), min(max_len, cap), dtype=torch.long, device=src.device)
     return max_lengths(src, a=max_len_a, b=max_len_b, pad_id=model.pad_id, cap=cap)
@@ -169,7 +178,7 @@ def greedy_search(
     b = src.size(0)
     limit = _limits(model, src, max_len_a, max_len_b, max_len)
     first_forced, steps = int(limit.min()), int(limit.max()) + 1  # step t = limit forces EOS
-    stepper = _Stepper(model, src, use_cache, steps=steps, group=1)
+    stepper = _start(model, src, use_cache=use_cache, steps=steps, group=1)
     # BOS, then one column a step, written in place (PAD once a sentence has ended)
     tokens = torch.full((b, steps + 1), PAD, dtype=torch.long, device=src.device)
     tokens[:, 0] = BOS
@@ -286,7 +295,7 @@ def beam_search(
     b, device = src.size(0), src.device
     limit = _limits(model, src, max_len_a, max_len_b, max_len)  # [n] of the active sentences
     first_forced = int(limit.min())
-    stepper = _Stepper(model, src, use_cache, steps=int(limit.max()) + 1, group=beam)
+    stepper = _start(model, src, use_cache=use_cache, steps=int(limit.max()) + 1, group=beam)
     # step 0 has a single hypothesis per sentence (the empty prefix); K from step 1 on
     prefix = torch.full((b, 1), BOS, dtype=torch.long, device=device)
     scores = torch.zeros(b, 1, device=device)  # [n, G] summed log-probabilities

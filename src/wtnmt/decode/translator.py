@@ -45,6 +45,10 @@ def _warn(message: str) -> None:
     print(f"wtnmt: warning: {message}", file=sys.stderr)
 
 
+def _note(message: str) -> None:
+    print(f"wtnmt: {message}", file=sys.stderr)
+
+
 class Translator:
     def __init__(
         self,
@@ -55,6 +59,8 @@ class Translator:
     ) -> None:
         self.model, self.vocab, self.config, self.device = model.eval(), vocab, config, device
         self._workers: SearchWorkers | None = None  # start_workers
+        # what search runs: the model, or its export in ONNX Runtime (use_onnxruntime)
+        self.network = self.model
         self.max_source = model.positions.max_positions - 1  # room for EOS
         # whether there are κ, α to show or override (a Weighted Transformer)
         self.has_branch_weights = any(isinstance(m, BranchWeights) for m in model.modules())
@@ -67,21 +73,46 @@ class Translator:
         device: str = "cpu",
         weights: str = "model.safetensors",
         quantize: Literal["none", "int8"] = "none",
+        engine: Literal["pytorch", "onnxruntime"] = "pytorch",
+        onnx_dir: str | Path | None = None,
+        say: Callable[[str], None] = _note,
     ) -> Translator:
-        """``quantize="int8"``: decode with int8 linear layers (CPU only; see model/packed.py)."""
+        """``quantize="int8"``: decode with int8 linear layers (CPU only; see model/packed.py).
+        ``engine="onnxruntime"``: search runs the network exported to ONNX (``onnx_dir``,
+        default RUN/onnx, exported there on first use; CPU only; decode/onnx_engine.py)."""
+        if engine not in ("pytorch", "onnxruntime"):
+            raise ValueError(f"engine: {engine!r} is not one of 'pytorch', 'onnxruntime'")
         config, vocab, model = load_run(run_dir, weights=weights)
+        if engine == "onnxruntime":
+            from wtnmt.decode.onnx_engine import load_network
+
+            translator = cls(model, vocab, config, torch.device("cpu"))
+            translator.network = load_network(
+                run_dir, directory=onnx_dir, weights=weights, quantize=quantize, say=say
+            )
+            return translator
         if quantize != "none":
             quantize_decoding(model, quantize)
         return cls(model.to(device), vocab, config, torch.device(device))
 
     @property
+    def engine(self) -> Literal["pytorch", "onnxruntime"]:
+        """What runs the network for search."""
+        return "pytorch" if self.network is self.model else "onnxruntime"
+
+    @property
     def quantize(self) -> Literal["none", "int8"]:
-        """How the model's linear layers decode (``quantize_decoding``)."""
+        """How the network's linear layers decode (``quantize_decoding``, or the export's
+        int8 graphs)."""
+        if self.network is not self.model:
+            return self.network.quantize  # type: ignore[no-any-return]
         return decoding_mode(self.model)
 
     def set_branch_weights(self, how: str, *, seed: int = 0) -> None:
         """Replace κ, α by ``uniform`` or ``random`` ones (paper Table 3); reload to undo.
         Stops the decoding workers (they hold the learned ones)."""
+        if self.engine != "pytorch":
+            raise ValueError("κ, α are overridden in the PyTorch engine only (--engine pytorch)")
         self.close()
         override_branch_weights(self.model, how, seed=seed)  # type: ignore[arg-type]
 
@@ -171,7 +202,7 @@ class Translator:
         if self._workers is not None:
             found = self._workers.search(sources, **options)
         else:
-            found = (search_batch(self.model, src, **options) for src in sources)
+            found = (search_batch(self.network, src, **options) for src in sources)
         for batch, hyps in zip(batches, found, strict=True):
             for i, best in zip(batch, hyps, strict=True):
                 results[i] = [
@@ -184,6 +215,8 @@ class Translator:
         whole batches (decode/workers.py), until ``close``. CPU only."""
         if self.device.type != "cpu":
             raise ValueError(f"decoding workers run on the CPU, not {self.device}")
+        if self.engine != "pytorch":
+            raise ValueError("decoding workers run the PyTorch engine (ONNX Runtime has threads)")
         self.close()
         self._workers = SearchWorkers(
             self.model,

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from wtnmt.model.dropout import keep_scale, masked
+from wtnmt.model.speed import fast_paths
 
 
 def attention_core(
@@ -80,9 +81,12 @@ def attend(
     # run here.
     if causal and key_pad is not None:  # pragma: no cover - the model never asks for both
         raise ValueError("attend: causal attention with a key padding mask is not supported")
-    fused = q.size(-2) > _SHORT_QUERIES or dropout_p > 0
-    if q.device.type == "cpu" and (
-        dropout_p > 0 or (k.size(-2) <= _CPU_SHORT_KEYS and not torch.is_grad_enabled())
+    # under plain_math (an export, a debugger) always the math path: eq. 1 as written
+    fused = fast_paths() and (q.size(-2) > _SHORT_QUERIES or dropout_p > 0)
+    if (
+        fused
+        and q.device.type == "cpu"
+        and (dropout_p > 0 or (k.size(-2) <= _CPU_SHORT_KEYS and not torch.is_grad_enabled()))
     ):
         fused = False
     if not need_probs and fused:

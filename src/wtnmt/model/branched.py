@@ -127,7 +127,7 @@ class BranchedAttention(nn.Module):
         step-wise decoding would otherwise rebuild it at every step.
         """
         key = None
-        if not torch.is_grad_enabled():
+        if not torch.is_grad_enabled() and fast_paths():  # (plain_math: computed each call)
             # autocast makes bf16 fused weights: a pass without it must not reuse them
             autocast = torch.is_autocast_enabled(self.w1.device.type)
             if self._params is None:  # (the same objects for the module's life)

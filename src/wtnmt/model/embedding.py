@@ -66,5 +66,12 @@ class Positions(nn.Module):
                 f"a sequence of {offset + length} tokens exceeds model.max_positions="
                 f"{self.max_positions}: shorten the input or raise max_positions"
             )
-        table = self.learned if self.learned is not None else self.table
-        return table[offset : offset + length]
+        return self._table()[offset : offset + length]
+
+    def at(self, index: Tensor) -> Tensor:
+        """The positions ``index`` [T] (a tensor: one decoder step of a graph exported for
+        every step, export/onnx) → [T, D]; the caller keeps them below max_positions."""
+        return self._table().index_select(0, index)
+
+    def _table(self) -> Tensor:
+        return self.learned if self.learned is not None else self.table

@@ -76,16 +76,25 @@ class Seq2Seq(nn.Module):
         self.dropout = Dropout(dropout)
         self.pad_id = embedding.pad_id
 
+    @property
+    def max_positions(self) -> int:
+        """Positions the model has: a sequence (with BOS or EOS) is at most this long."""
+        return self.positions.max_positions
+
     # ---------------------------------------------------------------------------------------
     def embed(self, tokens: Tensor, offset: int = 0) -> Tensor:
         """tokens [B, T] → Drop(√D·E[tokens] + PE) [B, T, D]."""
         x = self.embedding(tokens) + self.positions(tokens.size(1), offset)
         return self.dropout(x) if self.training else x
 
-    def encode(self, src: Tensor, *, need_internals: bool = False) -> EncoderOutput:
-        """src: [B, S] token ids, right-padded with pad_id."""
+    def encode(
+        self, src: Tensor, *, need_internals: bool = False, always_mask: bool = False
+    ) -> EncoderOutput:
+        """src: [B, S] token ids, right-padded with pad_id. ``always_mask``: pass the padding
+        mask even where a batch has none (a graph exported for every batch, export/onnx)."""
         src_pad = src.eq(self.pad_id)  # [B, S]
-        key_pad = src_pad if bool(src_pad.any()) else None  # no mask: the fused kernel's path
+        # no mask where there is no padding: the fused kernel's path
+        key_pad = src_pad if always_mask or bool(src_pad.any()) else None
         x = self.embed(src)
         states, internals = [x], []
         for layer in self.encoder_layers:

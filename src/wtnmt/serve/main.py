@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 
 from wtnmt.config import ConfigError
-from wtnmt.runtime import check_device, check_quantize
+from wtnmt.runtime import check_device, check_engine, check_quantize
 from wtnmt.serve.settings import API_KEY_ENV, ServeSettings
 
 _LIMITS = (  # option, type, help
@@ -132,6 +132,7 @@ def main_serve(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     _check_extras()
     check_quantize(args.quantize, args.device)  # (true whatever devices there are)
+    check_engine(args.engine, args.device)
     check_device(args.device)
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads {args.threads}: must be at least 1")
@@ -150,7 +151,9 @@ def main_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(format="%(levelname)s:     %(name)s: %(message)s")
     logging.getLogger("wtnmt.serve").setLevel(args.log_level.upper())
     run = Path(args.run_dir)
-    translator = Translator.load(run, device=args.device, quantize=args.quantize)
+    translator = Translator.load(
+        run, device=args.device, quantize=args.quantize, engine=args.engine
+    )
     app = create_app(translator, settings, name=run.resolve().name, worker_thread=False)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
@@ -163,7 +166,8 @@ def main_serve(args: argparse.Namespace) -> int:
     print(
         f"wtnmt serve: {run} at http://{shown}:{port}/  (API: /v1/translate, docs: /docs; "
         f"{'batching on' if settings.max_batch_sentences > 1 else 'no batching'}"
-        f"{'; int8 decoding' if args.quantize == 'int8' else ''}; Ctrl-C stops)",
+        f"{'; int8 decoding' if args.quantize == 'int8' else ''}"
+        f"{'; ONNX Runtime' if args.engine == 'onnxruntime' else ''}; Ctrl-C stops)",
         file=sys.stderr,
         flush=True,
     )

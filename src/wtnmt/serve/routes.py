@@ -157,6 +157,14 @@ def choose_search(body: TranslateRequest, state: Any) -> Search:
             reason="no_branch_weights",
             field="branch_weights",
         )
+    if body.branch_weights != "learned" and translator.engine != "pytorch":
+        raise ApiError(
+            422,
+            f"branch_weights={body.branch_weights!r}: this server decodes with "
+            f"{translator.engine}, whose exported weights are the learned ones",
+            reason="engine",
+            field="branch_weights",
+        )
     return Search(beam=beam, nbest=nbest, branch_weights=body.branch_weights, seed=body.seed)
 
 

@@ -1,0 +1,41 @@
+"""A trained run in other engines' formats: ONNX graphs for ONNX Runtime (``onnx.py``, the
+graphs themselves in ``graphs.py``) and a CTranslate2 model of a Transformer
+(``ctranslate2.py``). `wtnmt export FORMAT RUN`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def export(
+    fmt: str,
+    run: str | Path,
+    out: str | Path | None,
+    *,
+    weights: str = "model.safetensors",
+    quantize: str = "none",
+    force: bool = False,
+) -> Path:
+    """`wtnmt export`'s body: export ``run`` in format ``fmt`` (onnx or ctranslate2)."""
+    from wtnmt.errors import CheckpointError
+
+    if fmt == "ctranslate2":
+        from wtnmt.export.ctranslate2 import export_ctranslate2
+
+        if out is None:
+            raise CheckpointError("export ctranslate2: give --out DIR (a new directory)")
+        return export_ctranslate2(run, out, weights=weights, quantize=quantize)
+    from wtnmt.export.onnx import export_onnx
+
+    return export_onnx(
+        run,
+        out,
+        weights=weights,
+        quantize=quantize,  # type: ignore[arg-type]
+        force=force,
+        say=lambda message: print(message, file=sys.stderr),
+    )
+
+
+__all__ = ["export"]

@@ -1,0 +1,219 @@
+"""`wtnmt export onnx` and the ONNX Runtime engine: for every kind of model the toolkit
+trains, the exported decoder step computes what the PyTorch step computes, step by step
+through a beam search's reorders and finished sentences, and the two engines translate
+alike; a damaged or mismatched export is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
+pytest.importorskip("onnxscript", reason="the onnx extra is not installed")
+
+from helpers import sentence, tiny_run_config  # noqa: E402
+from wtnmt import Translator  # noqa: E402
+from wtnmt.cli import main as cli  # noqa: E402
+from wtnmt.decode.onnx_engine import OnnxNetwork, OnnxStepper  # noqa: E402
+from wtnmt.decode.search import _Stepper  # noqa: E402
+from wtnmt.export.onnx import ExportError, export_onnx  # noqa: E402
+from wtnmt.rundir.files import save_weights  # noqa: E402
+from wtnmt.special import BOS  # noqa: E402
+from wtnmt.train import Trainer  # noqa: E402
+
+# every option the export must carry, each at least once
+KINDS = {
+    "weighted": {},  # post-norm, sinusoidal, multi-head decoder self-attention, split FFN
+    "transformer-pre-learned": {"attention": "multihead", "norm": "pre", "positions": "learned"},
+    "weighted-pre-weighted-self-transparent": {
+        "norm": "pre",
+        "decoder_self_attention": "weighted",
+        "encoder_combination": "transparent",
+    },
+    "weighted-shared-topk": {"branch_ffn": "shared", "branch_weights": "topk"},
+    "transformer-transparent": {"attention": "multihead", "encoder_combination": "transparent"},
+}
+SOURCES = [sentence(i, 2 + i % 5) for i in range(24)]
+
+
+def _train(tmp: Path, model: dict, steps: int) -> Path:
+    config = tiny_run_config(
+        tmp,
+        n_train=200,
+        model={"d_model": 32, "d_ff": 64, "heads": 4, **model},
+        train={"max_steps": steps, "valid_every": 1000, "max_tokens": 600, "lr_scale": 2.0},
+    )
+    Trainer(config, tmp / "run", log_to_stderr=False).run()
+    return tmp / "run"
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def exported(request, tmp_path_factory) -> tuple[Path, Translator, OnnxNetwork]:
+    """A briefly trained run of each kind, exported to RUN/onnx."""
+    run = _train(tmp_path_factory.mktemp(request.param), KINDS[request.param], steps=60)
+    export_onnx(run)
+    return run, Translator.load(run), OnnxNetwork(run / "onnx", run)
+
+
+def _check(torch_step: _Stepper, onnx_step: OnnxStepper, prefix: torch.Tensor) -> None:
+    expected = torch_step(prefix)
+    got = onnx_step(prefix)
+    assert got.shape == expected.shape
+    assert (got - expected).abs().max().item() < 1e-4
+
+
+def test_the_onnx_step_equals_the_pytorch_step_through_reorders_and_finished_sentences(exported):
+    _, translator, net = exported
+    src = translator._tensor([translator.vocab.encode([s])[0] for s in SOURCES[:3]])
+    assert src.eq(0).any()  # source padding
+    g = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        # 20 steps: the ONNX buffers (16 steps at first) grow once
+        ref = _Stepper(translator.model, src, True, steps=40, group=2)
+        onnx = OnnxStepper(net, src, steps=40, group=2)
+        prefix = torch.full((3, 1), BOS)
+        _check(ref, onnx, prefix)  # the first step: one hypothesis a sentence
+        index = torch.tensor([0, 0, 1, 1, 2, 2])  # each sentence's hypothesis, twice
+        sentences = None
+        for t in range(1, 20):
+            ref.reorder(index, sentences)
+            onnx.reorder(index, sentences)
+            prefix = prefix.index_select(0, index)
+            tokens = torch.randint(4, len(translator.vocab), (prefix.size(0), 1), generator=g)
+            prefix = torch.cat([prefix, tokens], dim=1)
+            _check(ref, onnx, prefix)
+            n = prefix.size(0) // 2
+            if t == 8:  # sentence 1 is done: sentences 0 and 2 go on, hypotheses swapped
+                index, sentences = torch.tensor([1, 0, 5, 5]), torch.tensor([0, 2])
+            else:  # beam search's reorder: each keeps one of its sentence's two, or both
+                pick = torch.randint(0, 2, (n, 2), generator=g)
+                index, sentences = (torch.arange(n)[:, None] * 2 + pick).view(-1), None
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_both_engines_translate_alike(exported, beam):
+    run, translator, _ = exported
+    onnx = Translator.load(run, engine="onnxruntime")
+    assert onnx.engine == "onnxruntime" and translator.engine == "pytorch"
+    nbest = 1 if beam == 1 else 2
+    expected = translator.translate_nbest(SOURCES, beam=beam, nbest=nbest)
+    got = onnx.translate_nbest(SOURCES, beam=beam, nbest=nbest)
+    for want, have in zip(expected, got, strict=True):
+        assert [h.ids for h in have] == [h.ids for h in want]
+        assert max(abs(h.score - w.score) for h, w in zip(have, want, strict=True)) < 1e-4
+
+
+@pytest.fixture(scope="module")
+def learned(tmp_path_factory) -> Path:
+    """A Weighted Transformer trained until it translates, for int8 and the command line."""
+    return _train(tmp_path_factory.mktemp("learned"), {"d_model": 64, "d_ff": 128}, steps=200)
+
+
+def test_int8_agrees_with_float32_on_most_tokens(learned):
+    fp32 = Translator.load(learned, engine="onnxruntime")
+    int8 = Translator.load(learned, engine="onnxruntime", quantize="int8")
+    assert int8.quantize == "int8" and fp32.quantize == "none"
+    a, b = fp32.translate_nbest(SOURCES, beam=1), int8.translate_nbest(SOURCES, beam=1)
+    same = total = 0
+    for x, y in zip(a, b, strict=True):
+        ids_x, ids_y = x[0].ids, y[0].ids
+        total += max(len(ids_x), len(ids_y))
+        same += sum(i == j for i, j in zip(ids_x, ids_y, strict=False))
+    assert same / total > 0.8
+
+
+def _copy(run: Path, to: Path) -> Path:
+    shutil.copytree(run, to, ignore=shutil.ignore_patterns("checkpoints", "onnx*"))
+    return to
+
+
+def test_translate_exports_on_first_use_and_prints_what_pytorch_prints(learned, tmp_path, capsys):
+    run = _copy(learned, tmp_path / "run")
+    inp = tmp_path / "in.txt"
+    inp.write_text("".join(s + "\n" for s in SOURCES[:8]))
+    assert cli(["translate", str(run), "-i", str(inp), "--beam", "3"]) == 0
+    expected = capsys.readouterr().out
+    code = cli(["translate", str(run), "-i", str(inp), "--beam", "3", "--engine", "onnxruntime"])
+    out, err = capsys.readouterr()
+    assert code == 0 and out == expected
+    assert "exporting" in err and "on first use" in err
+    assert (run / "onnx" / "export.json").is_file()
+    cli(["translate", str(run), "-i", str(inp), "--engine", "onnxruntime"])
+    assert "exporting" not in capsys.readouterr().err  # once
+
+
+def _one_line_error(capsys, argv: list[str], *expected: str) -> None:
+    capsys.readouterr()
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    for text in expected:
+        assert text in err
+
+
+def test_a_damaged_or_mismatched_export_is_refused_in_one_line(learned, tmp_path, capsys):
+    run = _copy(learned, tmp_path / "run")
+    export_onnx(run)
+    inp = tmp_path / "in.txt"
+    inp.write_text("alpha beta\n")
+    argv = ["translate", str(run), "-i", str(inp), "--engine", "onnxruntime"]
+    step = run / "onnx" / "decoder_step.onnx"
+    good = step.read_bytes()
+    step.write_bytes(good[:-10] + bytes(10))
+    _one_line_error(capsys, argv, "decoder_step.onnx", "damaged")
+    step.write_bytes(good)
+    other = _copy(learned, tmp_path / "other")
+    model = Translator.load(other).model
+    with torch.no_grad():
+        model.embedding.weight.mul_(1.01)
+    save_weights(model, other / "model.safetensors")
+    shutil.copytree(run / "onnx", other / "onnx")
+    _one_line_error(capsys, [*argv[:1], str(other), *argv[2:]], "model.safetensors", "--force")
+    (run / "onnx" / "export.json").write_text("{")
+    _one_line_error(capsys, argv, "export.json", "unreadable")
+
+
+def test_export_never_replaces_what_it_did_not_make(learned, tmp_path, capsys):
+    run = _copy(learned, tmp_path / "run")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    _one_line_error(capsys, ["export", "onnx", str(run), "--out", str(mine)], "not a wtnmt export")
+    assert (mine / "notes.txt").read_text() == "keep"
+    out = tmp_path / "exp"
+    assert cli(["export", "onnx", str(run), "--out", str(out)]) == 0
+    assert "exporting" in capsys.readouterr().err
+    meta = json.loads((out / "export.json").read_text())
+    assert meta["layers"] == 2 and set(meta["files"]) == {"encoder.onnx", "decoder_step.onnx"}
+    _one_line_error(capsys, ["export", "onnx", str(run), "--out", str(out)], "--force")
+    (out / "notes.txt").write_text("keep")
+    argv = ["export", "onnx", str(run), "--out", str(out), "--force", "--quantize", "int8"]
+    _one_line_error(capsys, argv, "notes.txt")
+    (out / "notes.txt").unlink()
+    assert cli(argv) == 0
+    assert "decoder_step.int8.onnx" in json.loads((out / "export.json").read_text())["files"]
+    net = OnnxNetwork(out, run, quantize="int8")
+    assert net.quantize == "int8"
+
+
+def test_options_onnx_runtime_cannot_honour_are_refused(learned, tmp_path, capsys):
+    inp = tmp_path / "in.txt"
+    inp.write_text("alpha\n")
+    base = ["translate", str(learned), "-i", str(inp), "--engine", "onnxruntime"]
+    _one_line_error(capsys, [*base, "--workers", "2"], "--workers 2")
+    _one_line_error(capsys, [*base, "--device", "cuda"], "CPU only")
+    argv = ["evaluate", str(learned), "--src", str(inp), "--ref", str(inp)]
+    _one_line_error(
+        capsys, [*argv, "--engine", "onnxruntime", "--branch-weights", "uniform"], "PyTorch"
+    )
+    with pytest.raises(ExportError, match="no export.json"):
+        OnnxNetwork(tmp_path, learned)
+
+
+def test_ctranslate2_export_refuses_a_weighted_transformer_with_the_reason(learned, capsys):
+    argv = ["export", "ctranslate2", str(learned), "--out", str(learned.parent / "ct2")]
+    _one_line_error(capsys, argv, "branched layers have no CTranslate2 layer spec")
