@@ -34,6 +34,11 @@ own batches (`translate --workers 2`; CTranslate2's inter_threads=2, intra_threa
 ratio "x2" taken against CTranslate2 in that same configuration. The last two lines read
 `vs CT2, 1 process: WT fp32/CT2 fp32 beam5 A greedy B  best WT/CT2 int8 beam5 C greedy D` and
 the same with 2 workers each.
+
+The ONNX Runtime engine (`--engine onnxruntime`): the same two wtnmt models exported to ONNX
+(float32, and int8 by ONNX Runtime's dynamic quantisation), searched by wtnmt's own greedy and
+beam search, in the same rotation; their greedy outputs are checked identical to the PyTorch
+engine's first. Its line reads each ratio to wtnmt's PyTorch float32 and to CTranslate2.
 """
 
 from __future__ import annotations
@@ -61,8 +66,10 @@ from train_speed import ROOT, build_data
 from wtnmt.config import load_config
 from wtnmt.data import ParallelData
 from wtnmt.decode import greedy_search
+from wtnmt.decode.onnx_engine import OnnxNetwork
 from wtnmt.decode.search import search_batch
 from wtnmt.decode.workers import SearchWorkers
+from wtnmt.export.onnx import export_graphs, graph_file, quantize_graphs
 from wtnmt.model import build_model, quantize_decoding
 from wtnmt.runtime import machine_line, tune_cpu_allocator
 from wtnmt.special import EOS
@@ -141,6 +148,21 @@ def check_greedy_agrees(model, translator, inputs, tokens, limit: int) -> int:  
     return checked
 
 
+def check_engines_agree(model, network, inputs, limit: int) -> int:  # type: ignore[no-untyped-def]
+    """Greedy outputs, unforced, of the PyTorch and the ONNX Runtime engine: identical."""
+    checked = 0
+    for src in inputs:
+        ours = search_batch(model, src, beam=1, max_len=LENGTH)
+        theirs = search_batch(network, src, beam=1, max_len=LENGTH)
+        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            if a[0].tokens != b[0].tokens:
+                raise SystemExit(f"greedy outputs differ on sentence {checked + i}")
+        checked += src.size(0)
+        if checked >= limit:
+            break
+    return checked
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
@@ -175,6 +197,25 @@ def main() -> None:
         q.load_state_dict(model.state_dict())
         quantize_decoding(q, "int8")
         quantized[flavour] = q
+    # the same networks exported to ONNX, in ONNX Runtime (`--engine onnxruntime`)
+    onnx_dir = tempfile.TemporaryDirectory()
+    for flavour, model in list(models.items()):
+        where = Path(onnx_dir.name) / flavour
+        where.mkdir()
+        shapes = export_graphs(model, where)
+        quantize_graphs(where)
+        for p in ("fp32", "int8"):
+            q = "none" if p == "fp32" else "int8"
+            models[f"ort {flavour} {p}"] = OnnxNetwork(
+                where / graph_file("encoder", q),
+                where / graph_file("decoder_step", q),
+                shapes,
+                quantize=q,
+                threads=args.threads,
+            )
+    for flavour in ("weighted", "transformer"):
+        n = check_engines_agree(models[flavour], models[f"ort {flavour} fp32"], inputs, args.check)
+        print(f"greedy outputs identical on {n} sentences (wtnmt {flavour}: PyTorch vs ORT)")
 
     with tempfile.TemporaryDirectory() as tmp:
         paths = {
@@ -210,6 +251,8 @@ def main() -> None:
 
 ENTRIES = [
     *(f"wtnmt {f} {p}" for f in ("weighted", "transformer") for p in ("fp32", "int8")),
+    # the ONNX Runtime engine: wtnmt's search over the exported network
+    *(f"ort {f} {p}" for f in ("weighted", "transformer") for p in ("fp32", "int8")),
     "ct2 float32",
     "ct2 int8",
     # both engines with 2 workers of 1 thread each, each worker decoding its own batches
@@ -239,6 +282,8 @@ def timed_rounds(args, models, quantized, pools, paths, inputs, ct2_inputs, expe
                     precision = what[0] if workers > 1 else last
                     translator = load_translator(paths[precision], args.threads, workers)
                     run_ct2(translator, ct2_inputs[:1], 5)  # warm-up, untimed
+                elif engine == "ort":
+                    model = models[entry]
                 elif workers > 1:
                     pool = pools[what[1]]
                 else:
@@ -286,6 +331,19 @@ def report(rates: dict[tuple[str, int], list[float]], args: argparse.Namespace) 
         ]
         print(f"  {entry:24s} {med[(entry, 1)]:7.0f} {med[(entry, 5)]:7.0f}   "
               f"{cells[0]} / {cells[1]}   {cells[2]} / {cells[3]}")  # fmt: skip
+    for f in ("weighted", "transformer"):
+        over = {b: ratios(f"ort {f} fp32", b, f"wtnmt {f} fp32") for b in (1, 5)}
+        ct2 = {
+            (p, b): ratios(f"ort {f} {p}", b, f"ct2 {'float32' if p == 'fp32' else p}")
+            for p in ("fp32", "int8")
+            for b in (1, 5)
+        }
+        print(
+            f"ONNX Runtime, {f}: fp32/wtnmt PyTorch fp32 greedy {span(over[1])} beam5 "
+            f"{span(over[5])}; fp32/CT2 fp32 greedy {span(ct2['fp32', 1])} beam5 "
+            f"{span(ct2['fp32', 5])}; int8/CT2 int8 greedy {span(ct2['int8', 1])} beam5 "
+            f"{span(ct2['int8', 5])}"
+        )
     for x2, label in (("", "1 process"), (" x2", f"{WORKERS} workers each")):
         best = {  # the faster of wtnmt's two modes, round by round
             b: [max(x, y) for x, y in zip(ratios(f"wtnmt weighted fp32{x2}", b, f"ct2 int8{x2}"),

@@ -15,15 +15,15 @@ import torch
 pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
 pytest.importorskip("onnxscript", reason="the onnx extra is not installed")
 
-from helpers import sentence, tiny_run_config  # noqa: E402
-from wtnmt import Translator  # noqa: E402
-from wtnmt.cli import main as cli  # noqa: E402
-from wtnmt.decode.onnx_engine import OnnxNetwork, OnnxStepper  # noqa: E402
-from wtnmt.decode.search import _Stepper  # noqa: E402
-from wtnmt.export.onnx import ExportError, export_onnx  # noqa: E402
-from wtnmt.rundir.files import save_weights  # noqa: E402
-from wtnmt.special import BOS  # noqa: E402
-from wtnmt.train import Trainer  # noqa: E402
+from helpers import sentence, tiny_run_config
+from wtnmt import Translator
+from wtnmt.cli import main as cli
+from wtnmt.decode.onnx_engine import OnnxNetwork, OnnxStepper
+from wtnmt.decode.search import _Stepper
+from wtnmt.export.onnx import ExportError, export_onnx
+from wtnmt.rundir.files import save_weights
+from wtnmt.special import BOS
+from wtnmt.train import Trainer
 
 # every option the export must carry, each at least once
 KINDS = {
@@ -56,7 +56,7 @@ def exported(request, tmp_path_factory) -> tuple[Path, Translator, OnnxNetwork]:
     """A briefly trained run of each kind, exported to RUN/onnx."""
     run = _train(tmp_path_factory.mktemp(request.param), KINDS[request.param], steps=60)
     export_onnx(run)
-    return run, Translator.load(run), OnnxNetwork(run / "onnx", run)
+    return run, Translator.load(run), OnnxNetwork.open(run / "onnx", run)
 
 
 def _check(torch_step: _Stepper, onnx_step: OnnxStepper, prefix: torch.Tensor) -> None:
@@ -196,7 +196,7 @@ def test_export_never_replaces_what_it_did_not_make(learned, tmp_path, capsys):
     (out / "notes.txt").unlink()
     assert cli(argv) == 0
     assert "decoder_step.int8.onnx" in json.loads((out / "export.json").read_text())["files"]
-    net = OnnxNetwork(out, run, quantize="int8")
+    net = OnnxNetwork.open(out, run, quantize="int8")
     assert net.quantize == "int8"
 
 
@@ -210,10 +210,32 @@ def test_options_onnx_runtime_cannot_honour_are_refused(learned, tmp_path, capsy
     _one_line_error(
         capsys, [*argv, "--engine", "onnxruntime", "--branch-weights", "uniform"], "PyTorch"
     )
-    with pytest.raises(ExportError, match="no export.json"):
-        OnnxNetwork(tmp_path, learned)
+    with pytest.raises(ExportError, match=r"no export\.json"):
+        OnnxNetwork.open(tmp_path, learned)
 
 
 def test_ctranslate2_export_refuses_a_weighted_transformer_with_the_reason(learned, capsys):
     argv = ["export", "ctranslate2", str(learned), "--out", str(learned.parent / "ct2")]
     _one_line_error(capsys, argv, "branched layers have no CTranslate2 layer spec")
+
+
+def test_a_server_on_onnx_runtime_answers_as_the_pytorch_server(learned):
+    from fastapi.testclient import TestClient
+
+    from wtnmt.serve.app import create_app
+    from wtnmt.serve.settings import ServeSettings
+
+    body = {"text": SOURCES[:6], "beam": 3, "nbest": 2}
+    answers = {}
+    for engine in ("pytorch", "onnxruntime"):
+        translator = Translator.load(learned, engine=engine)
+        with TestClient(create_app(translator, ServeSettings())) as client:
+            assert client.get("/v1/model").json()["engine"] == engine
+            answers[engine] = client.post("/v1/translate", json=body).json()
+            refused = client.post("/v1/translate", json={"text": "a", "branch_weights": "uniform"})
+            assert refused.status_code == (422 if engine == "onnxruntime" else 200)
+    a, b = answers["pytorch"], answers["onnxruntime"]
+    assert a["translations"] == b["translations"]
+    for mine, theirs in zip(a["nbest"], b["nbest"], strict=True):
+        assert [c["text"] for c in mine] == [c["text"] for c in theirs]
+        assert [c["score"] for c in mine] == pytest.approx([c["score"] for c in theirs], abs=1e-4)

@@ -43,14 +43,17 @@ def _session(path: Path, threads: int):  # type: ignore[no-untyped-def]
 
 
 class OnnxNetwork:
-    """A run's exported network (``directory``, checked against ``run``) in ONNX Runtime."""
+    """A network's two exported graphs in ONNX Runtime (``open`` checks them against a run).
+
+    ``shapes``: the export's metadata (layers, heads, head_dim, pad_id, max_positions).
+    """
 
     def __init__(
         self,
-        directory: str | Path,
-        run: str | Path,
+        encoder: str | Path,
+        step: str | Path,
+        shapes: dict,
         *,
-        weights: str = "model.safetensors",
         quantize: str = "none",
         threads: int | None = None,
     ) -> None:
@@ -60,15 +63,37 @@ class OnnxNetwork:
             raise ExportError(
                 "the onnxruntime engine needs the onnxruntime package: pip install 'wtnmt[onnx]'"
             ) from None
+        self.quantize = quantize
+        self.threads = threads or torch.get_num_threads()
+        self.encoder = _session(Path(encoder), self.threads)
+        self.step = _session(Path(step), self.threads)
+        self.layers, self.heads, self.head_dim = (
+            shapes["layers"],
+            shapes["heads"],
+            shapes["head_dim"],
+        )
+        self.pad_id, self.max_positions = shapes["pad_id"], shapes["max_positions"]
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | Path,
+        run: str | Path,
+        *,
+        weights: str = "model.safetensors",
+        quantize: str = "none",
+        threads: int | None = None,
+    ) -> OnnxNetwork:
+        """The export in ``directory``, checked against ``run``'s weights and vocabulary."""
         directory = Path(directory)
         meta = read_export(directory, run, weights=weights, quantize=quantize)
-        self.directory, self.quantize = directory, quantize
-        self.threads = threads or torch.get_num_threads()
-        self.encoder = _session(directory / graph_file("encoder", quantize), self.threads)
-        self.step = _session(directory / graph_file("decoder_step", quantize), self.threads)
-        self.layers, self.heads, self.head_dim = meta["layers"], meta["heads"], meta["head_dim"]
-        self.pad_id, self.max_positions = meta["pad_id"], meta["max_positions"]
-        self.vocab_size = meta["vocab_size"]
+        return cls(
+            directory / graph_file("encoder", quantize),
+            directory / graph_file("decoder_step", quantize),
+            meta,
+            quantize=quantize,
+            threads=threads,
+        )
 
     def stepper(self, src: Tensor, *, steps: int, group: int) -> OnnxStepper:
         return OnnxStepper(self, src, steps=steps, group=group)
@@ -184,7 +209,7 @@ def load_network(
             read_export(directory, run, weights=weights, quantize="none")  # ours, current
             say(f"quantising {directory} to {quantize} on first use (once)")
             add_int8(directory)
-    return OnnxNetwork(directory, run, weights=weights, quantize=quantize, threads=threads)
+    return OnnxNetwork.open(directory, run, weights=weights, quantize=quantize, threads=threads)
 
 
 __all__ = ["OnnxNetwork", "OnnxStepper", "load_network"]

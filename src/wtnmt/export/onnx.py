@@ -110,8 +110,9 @@ def _names(layers: int) -> tuple[list[str], list[str], list[str], list[str]]:
     return ["src"], enc_out, step_in, step_out
 
 
-def _export_graphs(model: torch.nn.Module, directory: Path) -> None:
-    """Trace the two graphs of ``model`` into ``directory`` (the exporter's chatter hidden)."""
+def export_graphs(model: torch.nn.Module, directory: Path) -> dict[str, int]:
+    """Trace the two graphs of ``model`` into ``directory`` (the exporter's chatter hidden);
+    returns their shapes (layers, heads, head_dim, vocab_size, max_positions, pad_id)."""
     from torch.export import Dim
 
     shape = _shapes(model)
@@ -163,6 +164,48 @@ def _export_graphs(model: torch.nn.Module, directory: Path) -> None:
             external_data=False,
             verbose=False,
         )
+    return shape
+
+
+def _foldable(source: Path, target: Path) -> None:
+    """``source`` made ready for dynamic quantisation into ``target``: constants folded by ONNX
+    Runtime's basic (portable) optimisations, so that weights computed from parameters (κ·W,
+    α·W2) become initializers, and each Gemm with a constant weight rewritten as MatMul (+ Add),
+    which the dynamic quantiser takes (it leaves Gemm in float32)."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.optimized_model_filepath = str(target)
+    options.log_severity_level = 3
+    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    model = onnx.load(str(target))
+    graph = model.graph
+    inits = {init.name: init for init in graph.initializer}
+    nodes = []
+    for node in graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        weight = inits.get(node.input[1]) if node.op_type == "Gemm" else None
+        plain = attrs.get("transA", 0) == 0 and attrs.get("alpha", 1.0) == 1.0
+        if weight is None or not plain or attrs.get("beta", 1.0) not in (0.0, 1.0):
+            nodes.append(node)
+            continue
+        w = numpy_helper.to_array(weight)
+        if attrs.get("transB", 0):
+            w = np.ascontiguousarray(w.T)
+        name = f"{node.name}.weight_t"
+        graph.initializer.append(numpy_helper.from_array(w, name))
+        bias = node.input[2] if len(node.input) > 2 and attrs.get("beta", 1.0) else ""
+        product = f"{node.output[0]}.product" if bias else node.output[0]
+        nodes.append(helper.make_node("MatMul", [node.input[0], name], [product], name=node.name))
+        if bias:
+            nodes.append(helper.make_node("Add", [product, bias], [node.output[0]]))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    onnx.save(model, str(target))
 
 
 def _batched_products(path: Path) -> list[str]:
@@ -191,9 +234,10 @@ def quantize_graphs(directory: Path, *, reduce_range: bool | None = None) -> dic
         reduce_range = not cpu_has_vnni()
     digests = {}
     for name in GRAPHS:
-        source = directory / graph_file(name, "none")
         target = directory / graph_file(name, "int8")
+        source = directory / f".{name}.foldable.onnx"
         with _quiet():
+            _foldable(directory / graph_file(name, "none"), source)
             quantize_dynamic(
                 str(source),
                 str(target),
@@ -204,6 +248,7 @@ def quantize_graphs(directory: Path, *, reduce_range: bool | None = None) -> dic
                 nodes_to_exclude=_batched_products(source),
                 extra_options={"MatMulConstBOnly": True},
             )
+        source.unlink()
         digests[target.name] = file_sha256(target)
     return digests
 
@@ -234,7 +279,7 @@ def export_onnx(
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
     try:
-        _export_graphs(model, work)
+        export_graphs(model, work)
         files = {graph_file(n, "none"): file_sha256(work / graph_file(n, "none")) for n in GRAPHS}
         if quantize == "int8":
             files.update(quantize_graphs(work))
@@ -318,6 +363,7 @@ def add_int8(directory: str | Path) -> None:
 __all__ = [
     "ExportError",
     "add_int8",
+    "export_graphs",
     "export_onnx",
     "file_sha256",
     "graph_file",
