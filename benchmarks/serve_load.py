@@ -8,6 +8,7 @@ third server with a small queue (`--max-queue`) under the highest concurrency: r
 the limit must get 429 and the server must stay up.
 
     .venv/bin/python benchmarks/serve_load.py runs/demo          # after `make demo`
+    .venv/bin/python benchmarks/serve_load.py runs/demo --onnxruntime   # and that engine
 
 Every request goes to 127.0.0.1 only; each level stops after --seconds or --max-requests.
 """
@@ -151,6 +152,11 @@ def main() -> int:
     parser.add_argument("--max-requests", type=int, default=3000, help="per level and mode")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--overload-queue", type=int, default=16, help="queue of the 429 test")
+    parser.add_argument(
+        "--onnxruntime",
+        action="store_true",
+        help="also a batching server on `--engine onnxruntime`, in the same alternation",
+    )
     args = parser.parse_args()
     print(machine_line(args.threads), flush=True)
     if not (args.run_dir / "model.safetensors").is_file():
@@ -176,8 +182,16 @@ def main() -> int:
         stack.callback(batching.close)
         single = Server(args.run_dir, *threads, "--no-batching")
         stack.callback(single.close)
+        servers = [("batching", batching), ("one-by-one", single)]
+        if args.onnxruntime:
+            if not (args.run_dir / "onnx" / "export.json").is_file():  # before it serves
+                export = [sys.executable, "-m", "wtnmt.cli", "export", "onnx", str(args.run_dir)]
+                subprocess.run(export, check=True)
+            onnx = Server(args.run_dir, *threads, "--engine", "onnxruntime")
+            stack.callback(onnx.close)
+            servers.append(("onnxruntime", onnx))
         for concurrency in levels:
-            for mode, server in (("batching", batching), ("one-by-one", single)):
+            for mode, server in servers:
                 results[mode, concurrency] = r = measure(server, sentences, concurrency, args)
                 print(row(mode, concurrency, r), flush=True)
     top = max(levels)
@@ -197,6 +211,13 @@ def main() -> int:
         print(
             f"concurrency 32: batching serves {ratio:.2f}x the sentences/s of one-by-one "
             f"(bar 3x); p99 {b['p99'] * 1000:.0f} ms (bar 2000 ms)"
+        )
+    if 32 in levels and args.onnxruntime:
+        b, o = results["batching", 32], results["onnxruntime", 32]
+        ratio = o["sentences_per_s"] / b["sentences_per_s"]  # type: ignore[operator]
+        print(
+            f"concurrency 32: ONNX Runtime serves {ratio:.2f}x the sentences/s of PyTorch "
+            f"(both batching); p99 {o['p99'] * 1000:.0f} ms against {b['p99'] * 1000:.0f} ms"
         )
     clean = all(not results["batching", c]["errors"] for c in levels)
     print(f"errors below the queue limit: {'none' if clean else 'SOME'}")

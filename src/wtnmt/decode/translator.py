@@ -82,6 +82,8 @@ class Translator:
         default RUN/onnx, exported there on first use; CPU only; decode/onnx_engine.py)."""
         if engine not in ("pytorch", "onnxruntime"):
             raise ValueError(f"engine: {engine!r} is not one of 'pytorch', 'onnxruntime'")
+        if engine == "onnxruntime" and device != "cpu":
+            raise ValueError(f"the onnxruntime engine decodes on the CPU, not {device}")
         config, vocab, model = load_run(run_dir, weights=weights)
         if engine == "onnxruntime":
             from wtnmt.decode.onnx_engine import load_network
