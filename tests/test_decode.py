@@ -57,6 +57,7 @@ class _Cache:
 class ScriptedModel:
     pad_id = PAD
     positions = _Positions()
+    max_positions = positions.max_positions
     vocab = 6
 
     def encode(self, src):

@@ -84,9 +84,9 @@ class _Stepper:
 def _start(model, src: Tensor, *, use_cache: bool, steps: int, group: int):  # type: ignore[no-untyped-def]
     """The stepper of ``model``: a PyTorch model's (above), or the one another engine's
     network makes (``stepper(src, steps=, group=)``, e.g. decode/onnx_engine.py)."""
-    if isinstance(model, torch.nn.Module):
-        return _Stepper(model, src, use_cache, steps=steps, group=group)
-    return model.stepper(src, steps=steps, group=group)
+    if hasattr(model, "stepper"):
+        return model.stepper(src, steps=steps, group=group)
+    return _Stepper(model, src, use_cache, steps=steps, group=group)
 
 
 def _constrain(lprobs: Tensor, t: int, min_len: int, forced: Tensor | None) -> Tensor:
@@ -359,7 +359,7 @@ def _torch_threads_beside(model) -> Iterator[None]:  # type: ignore[no-untyped-d
     search's small operations gain nothing from more, and PyTorch's threads, which spin for
     a while after each parallel operation, took the cores from the engine's (beam 5 on 2
     cores: 1,760 output tokens/s with both pools at 2 threads, 2,050 with this)."""
-    if isinstance(model, torch.nn.Module) or torch.get_num_threads() == 1:
+    if not hasattr(model, "stepper") or torch.get_num_threads() == 1:
         yield
         return
     before = torch.get_num_threads()

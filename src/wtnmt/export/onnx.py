@@ -24,12 +24,12 @@ import shutil
 import tempfile
 import warnings
 from collections.abc import Callable
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-import wtnmt
 from wtnmt.errors import CheckpointError
 from wtnmt.export.graphs import DecoderStepGraph, EncoderGraph
 from wtnmt.model.speed import plain_math
@@ -285,7 +285,7 @@ def export_onnx(
             files.update(quantize_graphs(work))
         meta = {
             "format": FORMAT,
-            "wtnmt": wtnmt.__version__,
+            "wtnmt": version("wtnmt"),
             "run": str(run.resolve()),
             "weights": weights,
             "weights_sha256": file_sha256(run / weights),
