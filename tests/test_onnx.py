@@ -239,3 +239,25 @@ def test_a_server_on_onnx_runtime_answers_as_the_pytorch_server(learned):
     for mine, theirs in zip(a["nbest"], b["nbest"], strict=True):
         assert [c["text"] for c in mine] == [c["text"] for c in theirs]
         assert [c["score"] for c in mine] == pytest.approx([c["score"] for c in theirs], abs=1e-4)
+
+
+def test_a_transformer_exported_to_ctranslate2_translates_as_wtnmt(tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed")
+    run = _train(tmp_path, {"attention": "multihead"}, steps=60)
+    out = tmp_path / "ct2"
+    assert cli(["export", "ctranslate2", str(run), "--out", str(out)]) == 0
+    translator = Translator.load(run)
+    ids = translator.encode(SOURCES)
+    ours = translator.translate_ids(ids, beam=1)
+    pieces = [[translator.vocab.sp.id_to_piece(i) for i in seq] + ["</s>"] for seq in ids]
+    theirs = ctranslate2.Translator(str(out), device="cpu").translate_batch(
+        pieces,
+        beam_size=1,
+        max_decoding_length=max(int(1.5 * (len(seq) + 1) + 10) for seq in ids) + 1,
+        suppress_sequences=[["<pad>"], ["<s>"]],
+    )
+    for seq, mine, other in zip(ids, ours, theirs, strict=True):
+        want = [translator.vocab.sp.id_to_piece(i) for i in mine[0].ids]
+        got = [t for t in other.hypotheses[0] if t != "</s>"]
+        limit = int(1.5 * (len(seq) + 1) + 10)  # where wtnmt's search forces EOS
+        assert got[: len(want)] == want and (len(got) == len(want) or len(want) == limit)
