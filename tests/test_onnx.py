@@ -261,3 +261,10 @@ def test_a_transformer_exported_to_ctranslate2_translates_as_wtnmt(tmp_path):
         got = [t for t in other.hypotheses[0] if t != "</s>"]
         limit = int(1.5 * (len(seq) + 1) + 10)  # where wtnmt's search forces EOS
         assert got[: len(want)] == want and (len(got) == len(want) or len(want) == limit)
+
+
+def test_an_export_with_a_torch_too_old_for_it_is_refused_in_one_line(learned, capsys, monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.4.1+cpu")
+    out = learned.parent / "old-torch"
+    _one_line_error(capsys, ["export", "onnx", str(learned), "--out", str(out)], "torch 2.6")
+    assert not out.exists()

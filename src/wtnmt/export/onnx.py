@@ -78,6 +78,12 @@ def _quiet():  # type: ignore[no-untyped-def]
 
 
 def _require_exporter() -> None:
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    if (major, minor) < (2, 6):  # torch.onnx.export(dynamo=True, dynamic_shapes=...) as used here
+        raise ExportError(
+            f"exporting to ONNX needs torch 2.6 or newer (this is {torch.__version__}); the "
+            "runs themselves are readable by any torch>=2.4"
+        )
     try:
         import onnx  # noqa: F401
         import onnxscript  # noqa: F401
