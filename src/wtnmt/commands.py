@@ -201,28 +201,8 @@ def _output(path: str | None):  # type: ignore[no-untyped-def]
         yield out
 
 
-def _update_scores(path: Path, scores: dict) -> None:
-    """The latest evaluation's keys into the run's scores.json, keeping the keys of others
-    (`wtnmt experiment` keeps its test scores there under "test"); what an earlier
-    evaluation wrote and this one does not (a "compare" block) goes with it."""
-    from wtnmt.safe_files import atomic_write
-
-    kept = {}
-    if path.is_file():
-        try:
-            kept = json.loads(path.read_text(encoding="utf-8"))
-        except ValueError:
-            kept = {}
-    kept = kept if isinstance(kept, dict) else {}
-    for key in ("compare",):
-        if key not in scores:
-            kept.pop(key, None)
-    merged = {**kept, **scores}
-    atomic_write(path, json.dumps(merged, indent=2, ensure_ascii=False).encode())
-
-
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from wtnmt.decode.evaluate import paired_bootstrap, score_corpus
+    from wtnmt.decode.evaluate import paired_bootstrap, score_corpus, update_scores
     from wtnmt.decode.translator import Translator
     from wtnmt.runtime import check_engine, check_quantize, tune_cpu_allocator
 
@@ -284,7 +264,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             **paired_bootstrap(refs, hyps, other, samples=args.samples),
         }
     (out / f"{name}.scores.json").write_text(json.dumps(scores, indent=2))
-    _update_scores(Path(args.run_dir) / "scores.json", scores)
+    update_scores(Path(args.run_dir) / "scores.json", scores)
     print(
         f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['n_sentences']} "
         f"sentences)\n{scores['signature']}\n{scores['chrf_signature']}"

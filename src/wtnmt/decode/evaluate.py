@@ -3,10 +3,14 @@ bootstrap test between two systems (both as sacreBLEU computes them)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
+
+from wtnmt.safe_files import atomic_write
 
 
 def score_corpus(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
@@ -52,3 +56,21 @@ def paired_bootstrap(
         "p_value": ours.p_value,
         "signature": str(signatures["BLEU"]),
     }
+
+
+def update_scores(path: Path, scores: dict) -> None:
+    """The latest evaluation's keys into the run's scores.json, keeping the keys of others
+    (`wtnmt experiment` keeps its test scores there under "test"); what an earlier
+    evaluation wrote and this one does not (a "compare" block) goes with it."""
+    kept = {}
+    if path.is_file():
+        try:
+            kept = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:
+            kept = {}
+    kept = kept if isinstance(kept, dict) else {}
+    for key in ("compare",):
+        if key not in scores:
+            kept.pop(key, None)
+    merged = {**kept, **scores}
+    atomic_write(path, json.dumps(merged, indent=2, ensure_ascii=False).encode())

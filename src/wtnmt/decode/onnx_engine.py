@@ -119,7 +119,8 @@ class OnnxStepper:
 
     def reorder(self, index: Tensor, sentences: Tensor | None) -> None:
         """Keep hypotheses ``index``; ``sentences``: the source sentences still searched."""
-        self.path = self.path[index.cpu().numpy()]
+        if self.width > 1:
+            self.path = self.path[index.cpu().numpy()]
         if sentences is not None:
             keep = sentences.cpu().numpy()
             self.cross_bias = self.cross_bias[keep]
@@ -150,8 +151,6 @@ class OnnxStepper:
         """prefix [N, t] (BOS first) → log-probabilities of the next token [N, V]."""
         n, b = prefix.size(0), self.cross_bias.shape[0]
         g = n // b
-        if self.path.shape[0] != n:  # the first step of a beam: one hypothesis a sentence
-            self.path = np.zeros((n, self.t), np.int64)
         if self.t >= self.capacity:
             self._grow()
         feeds = {
@@ -169,8 +168,9 @@ class OnnxStepper:
             new_k, new_v = out[1 + 2 * i], out[2 + 2 * i]  # [H, B, G, Dk]
             self.self_k[i][:, :, :, start : start + g] = new_k.transpose(0, 1, 3, 2)
             self.self_v[i][:, :, start : start + g] = new_v
-        slot = np.arange(n, dtype=np.int64)[:, None] % g
-        self.path = np.concatenate([self.path, slot], axis=1)
+        if self.width > 1:  # (one slot a step: every written slot is each hypothesis' own)
+            slot = np.arange(n, dtype=np.int64)[:, None] % g
+            self.path = np.concatenate([self.path, slot], axis=1)
         self.t += 1
         return torch.from_numpy(out[0])
 

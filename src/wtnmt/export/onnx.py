@@ -16,7 +16,6 @@ self-attention, learned or sinusoidal positions, transparent attention.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import logging
@@ -30,6 +29,8 @@ from typing import Any, Literal
 
 import torch
 
+from wtnmt.data.corpora import sha256_of
+from wtnmt.data.vocab import vocabulary_sha256
 from wtnmt.errors import CheckpointError
 from wtnmt.export.graphs import DecoderStepGraph, EncoderGraph
 from wtnmt.model.speed import plain_math
@@ -45,14 +46,6 @@ GRAPHS = ("encoder", "decoder_step")
 
 class ExportError(CheckpointError):
     """An export that cannot be made or used; the message names the file or the reason."""
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def graph_file(name: str, quantize: str) -> str:
@@ -255,7 +248,7 @@ def quantize_graphs(directory: Path, *, reduce_range: bool | None = None) -> dic
                 extra_options={"MatMulConstBOnly": True},
             )
         source.unlink()
-        digests[target.name] = file_sha256(target)
+        digests[target.name] = sha256_of(target)
     return digests
 
 
@@ -286,7 +279,7 @@ def export_onnx(
     work = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
     try:
         export_graphs(model, work)
-        files = {graph_file(n, "none"): file_sha256(work / graph_file(n, "none")) for n in GRAPHS}
+        files = {graph_file(n, "none"): sha256_of(work / graph_file(n, "none")) for n in GRAPHS}
         if quantize == "int8":
             files.update(quantize_graphs(work))
         meta = {
@@ -294,8 +287,8 @@ def export_onnx(
             "wtnmt": version("wtnmt"),
             "run": str(run.resolve()),
             "weights": weights,
-            "weights_sha256": file_sha256(run / weights),
-            "vocab_sha256": file_sha256(run / "spm.model"),
+            "weights_sha256": sha256_of(run / weights),
+            "vocab_sha256": vocabulary_sha256(run / "spm.model"),
             "model": {"attention": config.model.attention, "norm": config.model.norm},
             **_shapes(model),
             "opset": OPSET,
@@ -342,8 +335,12 @@ def read_export(directory: str | Path, run: str | Path, *, weights: str, quantiz
         raise ExportError(f"{path}: unreadable ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ExportError(f"{path}: not an export of format {FORMAT}; export again with --force")
-    for key, file in (("weights_sha256", run / weights), ("vocab_sha256", run / "spm.model")):
-        if meta.get(key) != file_sha256(file):
+    current = {
+        "weights_sha256": (run / weights, sha256_of),
+        "vocab_sha256": (run / "spm.model", vocabulary_sha256),
+    }
+    for key, (file, digest) in current.items():
+        if meta.get(key) != digest(file):
             raise ExportError(
                 f"{directory}: exported from another {file.name} than {file}'s (sha256 "
                 f"differs); export again with `wtnmt export onnx {run} --force`"
@@ -353,7 +350,7 @@ def read_export(directory: str | Path, run: str | Path, *, weights: str, quantiz
         file = graph_file(name, quantize)
         if file not in files or not (directory / file).is_file():
             raise ExportError(f"{directory}: no {file}")
-        if file_sha256(directory / file) != files[file]:
+        if sha256_of(directory / file) != files[file]:
             raise ExportError(f"{directory / file}: damaged (sha256 differs from {META}'s)")
     return meta
 
@@ -371,7 +368,6 @@ __all__ = [
     "add_int8",
     "export_graphs",
     "export_onnx",
-    "file_sha256",
     "graph_file",
     "quantize_graphs",
     "read_export",
