@@ -228,7 +228,7 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
         "--minutes", type=_positive_number, default=10.0, help="training budget (default 10)"
     )
     p.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
-    p.add_argument("--threads", type=_at_least_one, default=2)
+    p.add_argument("--threads", type=_at_least_one, default=2, help="CPU threads (default 2)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted demo run")
     p.add_argument(
         "--set",

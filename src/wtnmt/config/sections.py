@@ -215,6 +215,10 @@ class TrainConfig:
     # replaces lr_scale, which is then peak_lr · √(D · warmup)
     peak_lr: float | None = None
     warmup: int = 4000
+    # the weights' schedule after warm-up: the paper's inverse square root, or "linear" decay to
+    # 0 at the end of the run (max_steps, max_epochs or max_time: fairseq's polynomial_decay),
+    # which suits a run that is short by design (the demo); the peak is the same either way
+    lr_schedule: Literal["inverse_sqrt", "linear"] = "inverse_sqrt"
     branch_warmup: int = 400
     # κ, α: their own schedule (§4.1: warm-up of branch_warmup, scaled by the encoder depth)
     # or "shared": the learning rate of every other weight (an ablation)

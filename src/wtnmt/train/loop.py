@@ -72,7 +72,7 @@ class TrainingLoop:
         s, tc = self.state, self.tc
         start = time.perf_counter()
         frozen = self._frozen(budget)
-        self._lrs = self._set_lr(frozen)
+        self._lrs = self._set_lr(frozen, budget)
         want_ratio = tc.grad_ratio and (s.step + 1) % tc.log_every == 0
         try:
             result = self.update([self.train_data.collate(i) for i in group], want_ratio=want_ratio)

@@ -1,4 +1,4 @@
-"""Learning-rate schedules of the paper (§4.1), as pure functions of the step."""
+"""Learning-rate schedules: the paper's (§4.1) and linear decay, as pure functions of the step."""
 
 from __future__ import annotations
 
@@ -14,6 +14,27 @@ def branch_lr(step: int, *, d_model: int, layers: int, warmup: int, scale: float
     a tenth of the network's, and a peak √N higher to make up for their bounds)."""
     step = max(step, 1)
     return scale * (d_model / layers) ** -0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+def linear_decay(
+    step: int, progress: float, *, peak: float, warmup: int, warmup_progress: float
+) -> float:
+    """fairseq's polynomial_decay with power 1: lr rises linearly to ``peak`` over ``warmup``
+    steps, then falls linearly to 0 at the end of the run. ``progress`` is how far the run is
+    (0 to 1), ``warmup_progress`` how far it was when its warm-up ended."""
+    step = max(step, 1)
+    rest = (1.0 - progress) / (1.0 - min(warmup_progress, 0.99))
+    return peak * max(0.0, min(step / warmup, 1.0, rest))
+
+
+def run_progress(
+    step: int, elapsed: float, *, max_steps: int | None, max_time: float | None
+) -> float:
+    """How far a run is towards its end (0 to 1): the larger of its steps' fraction of
+    ``max_steps`` (a step budget) and its time's fraction of ``max_time``."""
+    by_steps = step / max_steps if max_steps else 0.0
+    by_time = elapsed / max_time if max_time else 0.0
+    return min(1.0, max(by_steps, by_time))
 
 
 def lr_scale(model, train, warmup: int | None = None) -> float:  # type: ignore[no-untyped-def]
@@ -33,13 +54,21 @@ def learning_rates(  # type: ignore[no-untyped-def]
     frozen: bool,
     warmup: int | None = None,
     branch_warmup: int | None = None,
+    progress: float = 0.0,
+    warmup_progress: float = 0.0,
 ) -> tuple[float, float]:
-    """(lr of the weights, lr of κ and α) at ``step``: κ, α on their own schedule, or the
-    shared one (``train.branch_schedule``), 0 inside the freeze window. ``warmup`` and
-    ``branch_warmup`` replace the config's (a schedule fitted to the run's measured rate)."""
+    """(lr of the weights, lr of κ and α) at ``step``: the weights on ``train.lr_schedule``
+    (the paper's inverse square root, or linear decay to 0 at the end of the run, whose
+    ``progress`` and ``warmup_progress`` are then needed; the same peak either way); κ, α on
+    their own schedule, or the shared one (``train.branch_schedule``), 0 inside the freeze
+    window. ``warmup`` and ``branch_warmup`` replace the config's (a schedule fitted to the
+    run's measured rate)."""
     warmup = warmup or train.warmup
     scale = lr_scale(model, train, warmup)
     lr = inverse_sqrt(step, d_model=model.d_model, warmup=warmup, scale=scale)
+    if train.lr_schedule == "linear":
+        peak = inverse_sqrt(warmup, d_model=model.d_model, warmup=warmup, scale=scale)
+        lr = linear_decay(step, progress, peak=peak, warmup=warmup, warmup_progress=warmup_progress)
     if frozen:
         return lr, 0.0
     if train.branch_schedule == "shared":

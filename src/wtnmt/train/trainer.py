@@ -33,7 +33,13 @@ from wtnmt.runtime import bound_onednn_caches, resolve_precision
 from wtnmt.train.loop import TrainingLoop
 from wtnmt.train.report import RunReport
 from wtnmt.train.resume import restore_training, save_training
-from wtnmt.train.schedule import branch_weights_frozen, learning_rates, step_budget, stop_reason
+from wtnmt.train.schedule import (
+    branch_weights_frozen,
+    learning_rates,
+    run_progress,
+    step_budget,
+    stop_reason,
+)
 from wtnmt.train.state import TrainState, make_adam, resolve_device
 from wtnmt.train.update import Learner, UpdateResult, update
 from wtnmt.train.validation import valid_references, validate
@@ -206,8 +212,10 @@ class Trainer(TrainingLoop):
         dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
         return torch.autocast(self.device.type, dtype=dtype)
 
-    def _set_lr(self, frozen: bool) -> tuple[float, float]:
+    def _set_lr(self, frozen: bool, budget: int | None) -> tuple[float, float]:
         s = self.state
+        warmup = s.warmup or self.tc.warmup
+        total = budget or s.predicted_steps  # the run's end in steps, where one is known
         lr, lr_b = learning_rates(
             s.step + 1,
             self.config.model,
@@ -215,6 +223,8 @@ class Trainer(TrainingLoop):
             frozen=frozen,
             warmup=s.warmup,
             branch_warmup=s.branch_warmup,
+            progress=run_progress(s.step, s.elapsed, max_steps=budget, max_time=self.tc.max_time),
+            warmup_progress=warmup / total if total else 0.0,
         )
         self.optimizer.param_groups[0]["lr"] = lr
         if len(self.optimizer.param_groups) > 1:
