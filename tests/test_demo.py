@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from wtnmt.analysis import branch_weight_rows, plot_branch_weights
+from wtnmt.config import load_config
 
 
 def test_branch_weight_figure_is_drawn_from_metrics(tmp_path):
@@ -75,6 +76,11 @@ def test_a_short_demo_runs_end_to_end(tmp_path):
     schedule = results["schedule"]
     assert 1 <= schedule["warmup"] <= results["steps"] and schedule["predicted_updates"] >= 1
     assert schedule["cpu"]["model"] and schedule["precision"] in ("fp32", "bf16")
+    preset = load_config("weighted-demo").train  # what it trained with, recorded
+    assert (schedule["max_tokens"], schedule["lr_schedule"]) == (
+        preset.max_tokens,
+        preset.lr_schedule,
+    )
     assert "schedule:" in done.stdout and "updates fit in 0.3 minutes" in done.stdout
 
 

@@ -40,8 +40,8 @@ PRESET = "weighted-demo"  # the literature's small shape: a third of weighted-sm
 AVERAGE = 5  # checkpoints averaged
 SAVE_EVERY = 50  # updates between checkpoints: the average spans the last 250
 # the warm-up as a fraction of the updates that fit in the budget, measured as the demo runs:
-# on a CPU with native bf16 about 1,000 updates fit in 10 minutes (warm-up ~300, as the
-# preset's); on a slower one the warm-up shrinks with them instead of outlasting the run
+# from about 2,200 updates in 12 minutes on a slow 2-core CPU to several thousand with native
+# bf16; on a slower one the warm-up shrinks with them instead of outlasting the run
 WARMUP_FRACTION = 0.3
 ATTRIBUTION = CORPORA["tatoeba-deu-eng"].attribution
 
@@ -129,19 +129,23 @@ def run_demo(
 def _schedule(trainer: Trainer, minutes: float, say: Callable[[str], None]) -> dict[str, Any]:
     """What the demo chose and why: the CPU, the precision, the updates that fit and the
     warm-ups fitted to them."""
-    state, cpu = trainer.state, cpu_description()
+    state, cpu, tc = trainer.state, cpu_description(), trainer.tc
+    decay = {"linear": "then linear decay to 0", "inverse_sqrt": "then inverse square root"}
     say(
         f"\nschedule: {cpu['model']} ({', '.join(cpu['flags']) or 'no AVX2'}; ATen "
         f"{cpu['aten_capability']}), {trainer.precision}: about {state.predicted_steps} updates "
-        f"fit in {minutes:g} minutes, so warm-up {state.warmup} and κ/α warm-up "
-        f"{state.branch_warmup} (train.warmup_fraction {WARMUP_FRACTION:g}); {state.step} made"
+        f"fit in {minutes:g} minutes, so warm-up {state.warmup} "
+        f"(train.warmup_fraction {tc.warmup_fraction}) {decay[tc.lr_schedule]}, κ/α warm-up "
+        f"{state.branch_warmup}; batches of {tc.max_tokens:,} tokens; {state.step} made"
     )
     return {
         "cpu": cpu,
         "precision": trainer.precision,
         "predicted_updates": state.predicted_steps,
         "warmup": state.warmup,
+        "lr_schedule": tc.lr_schedule,
         "branch_warmup": state.branch_warmup,
+        "max_tokens": tc.max_tokens,
     }
 
 
