@@ -55,20 +55,22 @@ def learning_rates(  # type: ignore[no-untyped-def]
     warmup: int | None = None,
     branch_warmup: int | None = None,
     progress: float = 0.0,
-    warmup_progress: float = 0.0,
+    total_steps: int | None = None,
 ) -> tuple[float, float]:
     """(lr of the weights, lr of κ and α) at ``step``: the weights on ``train.lr_schedule``
-    (the paper's inverse square root, or linear decay to 0 at the end of the run, whose
-    ``progress`` and ``warmup_progress`` are then needed; the same peak either way); κ, α on
-    their own schedule, or the shared one (``train.branch_schedule``), 0 inside the freeze
-    window. ``warmup`` and ``branch_warmup`` replace the config's (a schedule fitted to the
-    run's measured rate)."""
+    (the paper's inverse square root, or linear decay to 0 at the end of the run, which needs
+    the run's ``progress`` and, where known, its ``total_steps``; the same peak either way);
+    κ, α on their own schedule, or the shared one (``train.branch_schedule``), 0 inside the
+    freeze window. ``warmup`` and ``branch_warmup`` replace the config's (a schedule fitted to
+    the run's measured rate)."""
     warmup = warmup or train.warmup
     scale = lr_scale(model, train, warmup)
-    lr = inverse_sqrt(step, d_model=model.d_model, warmup=warmup, scale=scale)
     if train.lr_schedule == "linear":
         peak = inverse_sqrt(warmup, d_model=model.d_model, warmup=warmup, scale=scale)
+        warmup_progress = warmup / total_steps if total_steps else 0.0
         lr = linear_decay(step, progress, peak=peak, warmup=warmup, warmup_progress=warmup_progress)
+    else:
+        lr = inverse_sqrt(step, d_model=model.d_model, warmup=warmup, scale=scale)
     if frozen:
         return lr, 0.0
     if train.branch_schedule == "shared":

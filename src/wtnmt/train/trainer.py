@@ -214,8 +214,6 @@ class Trainer(TrainingLoop):
 
     def _set_lr(self, frozen: bool, budget: int | None) -> tuple[float, float]:
         s = self.state
-        warmup = s.warmup or self.tc.warmup
-        total = budget or s.predicted_steps  # the run's end in steps, where one is known
         lr, lr_b = learning_rates(
             s.step + 1,
             self.config.model,
@@ -224,7 +222,7 @@ class Trainer(TrainingLoop):
             warmup=s.warmup,
             branch_warmup=s.branch_warmup,
             progress=run_progress(s.step, s.elapsed, max_steps=budget, max_time=self.tc.max_time),
-            warmup_progress=warmup / total if total else 0.0,
+            total_steps=budget or s.predicted_steps,  # the run's end in steps, where known
         )
         self.optimizer.param_groups[0]["lr"] = lr
         if len(self.optimizer.param_groups) > 1:
