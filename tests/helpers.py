@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import random
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 from wtnmt.config import config_from_dict, config_to_dict, load_config
@@ -90,3 +94,39 @@ def train_tiny(tmp: Path, **train) -> Path:  # type: ignore[no-untyped-def]
     config = tiny_run_config(tmp, train={"max_steps": 4, "valid_every": 4, **train})
     Trainer(config, tmp / "run", log_to_stderr=False).run()
     return tmp / "run"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def two_processes(code: str, *, timeout: float = 240) -> None:
+    """Run ``code`` as ranks 0 and 1 of a gloo process group on this machine; both are
+    killed if they outlast ``timeout`` seconds (a rank left waiting for the other)."""
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env={
+                **os.environ,
+                "RANK": str(r),
+                "WORLD_SIZE": "2",
+                "LOCAL_RANK": str(r),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            },
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    try:
+        for p in procs:
+            _, err = p.communicate(timeout=timeout)
+            assert p.returncode == 0, err[-2000:]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        raise AssertionError(f"the two ranks did not finish in {timeout:g} s") from None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+from pathlib import Path
 
 import pytest
 
@@ -103,6 +104,35 @@ def test_a_time_bounded_run_fits_its_warmup_to_the_updates_that_fit(tmp_path, mo
     assert "schedule:" in (tmp_path / "run" / "train.log").read_text()
 
 
+def test_the_fit_follows_the_rate_after_a_slow_start(tmp_path, monkeypatch):
+    """The first updates are slow (allocations, kernels chosen): fitted on them alone, the
+    schedule would predict a third of the updates and a warm-up a third as long. Fitted again
+    at 10, 20, 40 … updates from the rate since the last fit, it predicts the run's length."""
+    import types
+
+    from wtnmt.train import loop
+
+    readings = itertools.count()  # two a training update: 0.1 s each for the first 5, then 0.02
+    clock = {"now": 0.0}
+
+    def perf_counter() -> float:
+        i = next(readings)
+        if i % 2:  # the reading that ends an update
+            clock["now"] += 0.1 if i < 10 else 0.02
+        return clock["now"]
+
+    config = _on_a_fake_clock(tmp_path, monkeypatch, 0.0, max_time=4.0)
+    monkeypatch.setattr(loop, "time", types.SimpleNamespace(perf_counter=perf_counter))
+    state = Trainer(config, tmp_path / "run", **QUIET).run()
+    assert state.step == 5 + 175  # 0.5 s, then 3.5 s at 0.02 s an update
+    first = 5 + round(3.5 / 0.1)  # what the first 5 updates alone predict
+    assert first == 40
+    assert abs(state.predicted_steps - state.step) <= 2
+    assert state.warmup == round(0.3 * state.predicted_steps)
+    logged = (tmp_path / "run" / "train.log").read_text()
+    assert "about 40 updates" in logged and "fitted again after 10 updates" in logged
+
+
 def test_warmup_fraction_needs_a_time_bound():
     with pytest.raises(ConfigError, match="warmup_fraction sets the warm-up of a run bounded"):
         load_config("weighted-tiny", ["train.warmup_fraction=0.3", "train.max_steps=100"])
@@ -183,3 +213,42 @@ def test_a_time_bounded_linear_run_peaks_at_its_fitted_warmup_and_ends_near_zero
 def test_an_unknown_schedule_is_refused():
     with pytest.raises(ConfigError, match="lr_schedule"):
         load_config("weighted-tiny", ["train.lr_schedule=cosine"])
+
+
+DDP_CLOCK_WORKER = """
+import itertools, json, os, sys, types
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+import torch
+from helpers import tiny_run_config
+from wtnmt.train import Trainer, loop
+torch.set_num_threads(1)
+rank = int(os.environ["RANK"])
+ticks = itertools.count()  # rank 1's clock runs three times as fast as rank 0's
+loop.time = types.SimpleNamespace(perf_counter=lambda: next(ticks) * (0.05, 0.15)[rank])
+config = tiny_run_config(Path({tmp!r}), n_train=300, train={{"max_steps": None,
+    "max_time": 1.0, "warmup": 4000, "warmup_fraction": 0.3, "valid_every": 10_000,
+    "save_every": 10_000, "max_tokens": 200}})
+s = Trainer(config, Path({run!r}), log_to_stderr=False).run()
+Path({out!r} + str(rank)).write_text(json.dumps([s.step, s.warmup, s.predicted_steps]))
+"""
+
+
+@pytest.mark.slow
+def test_ddp_ranks_share_rank_0s_clock_in_a_time_bounded_run(tmp_path):
+    """Each rank on its own clock would fit its own warm-up and stop at its own update: rank
+    1 (three times as fast a clock here) after 7 updates, leaving rank 0 waiting for it."""
+    from helpers import two_processes
+    from wtnmt.data import prepare
+
+    config = tiny_run_config(tmp_path, n_train=300)
+    prepare(config.data, config.data.prepared_path(), log=lambda m: None)  # no race to build it
+    out = str(tmp_path / "state")
+    code = DDP_CLOCK_WORKER.format(
+        tests=str(Path(__file__).parent), tmp=str(tmp_path), run=str(tmp_path / "ddp"), out=out
+    )
+    two_processes(code, timeout=120)
+    ranks = [json.loads(Path(out + str(r)).read_text()) for r in (0, 1)]
+    assert ranks[0] == ranks[1]
+    assert ranks[0][0] == 20  # 1 s of rank 0's clock at 0.05 s an update
+    assert ranks[0][1] == round(0.3 * ranks[0][2])

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +13,14 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from helpers import overfit_run_config, sentence, tiny_run_config, translate, write_pairs
+from helpers import (
+    overfit_run_config,
+    sentence,
+    tiny_run_config,
+    translate,
+    two_processes,
+    write_pairs,
+)
 from wtnmt.data import ParallelData, Vocabulary
 from wtnmt.decode import greedy_search
 from wtnmt.errors import CheckpointError, TrainingError
@@ -211,36 +216,6 @@ if int(os.environ["RANK"]) == 0:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _two_processes(code: str) -> None:
-    """Run ``code`` as ranks 0 and 1 of a gloo process group on this machine."""
-    port = _free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code],
-            env={
-                **os.environ,
-                "RANK": str(r),
-                "WORLD_SIZE": "2",
-                "LOCAL_RANK": str(r),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-            },
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    for p in procs:
-        _, err = p.communicate(timeout=240)
-        assert p.returncode == 0, err[-2000:]
-
-
 @pytest.mark.slow
 def test_ddp_with_two_processes_equals_one_process_fed_the_same_global_batches(tmp_path):
     code = DDP_WORKER.format(
@@ -263,7 +238,7 @@ def test_ddp_with_two_processes_equals_one_process_fed_the_same_global_batches(t
     )
     trainer = Trainer(single, tmp_path / "single", **QUIET)
     trainer.run()
-    _two_processes(code)
+    two_processes(code)
     ddp = torch.load(tmp_path / "ddp.pt", weights_only=True)
     one = trainer.model.state_dict()
     for name, value in one.items():
@@ -505,7 +480,7 @@ def _ddp(tmp_path: Path, run: str, steps: int, resume: bool) -> dict[str, torch.
         tests=str(Path(__file__).parent), tmp=str(tmp_path), run=str(tmp_path / run),
         steps=steps, resume=resume, out=str(out),
     )  # fmt: skip
-    _two_processes(code)
+    two_processes(code)
     return torch.load(out, weights_only=True)
 
 

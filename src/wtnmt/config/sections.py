@@ -226,8 +226,9 @@ class TrainConfig:
     freeze_branch_weights: int = 10_000  # κ, α frozen for the last this-many steps
     freeze_branch_fraction: float = 1 / 6  # the same window for a run bounded by max_time
     # a run bounded by max_time only: warm-up set to this fraction of the updates predicted to
-    # fit, from the rate of its first updates (κ/α warm-up a tenth of it), so that it ends
-    # inside the run on a slow machine too; None: train.warmup and train.branch_warmup
+    # fit, from the rate of its first updates, measured again at 10, 20, 40 … updates while
+    # the warm-up lasts (κ/α warm-up a tenth of it), so that it ends inside the run on a slow
+    # machine too; None: train.warmup and train.branch_warmup
     warmup_fraction: float | None = None
     adam_betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-9

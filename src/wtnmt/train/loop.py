@@ -9,10 +9,13 @@ import sys
 import time
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from wtnmt.errors import TrainingError
 from wtnmt.model import project_branch_weights
 from wtnmt.train.report import progress_bar
-from wtnmt.train.schedule import CALIBRATION_STEPS, fitted_warmup
+from wtnmt.train.schedule import CALIBRATION_STEPS, fitted_warmup, refit_due
 from wtnmt.train.state import InterruptFlag, TrainState, Window
 
 
@@ -35,6 +38,7 @@ class TrainingLoop:
             f"{self._precision_label()}, {len(self.train_data):,} training pairs"
         )
         self._window, self._lrs = Window(), (0.0, 0.0)
+        self._fit_mark: tuple[int, float] | None = None  # (updates, seconds) at the last fit
         budget = self._step_budget()
         reason = self._stop_reason()
         interrupted = InterruptFlag()  # Ctrl-C stops at the next update boundary
@@ -85,29 +89,58 @@ class TrainingLoop:
         s.step += 1
         s.batch_in_epoch += len(group)
         s.elapsed += time.perf_counter() - start
+        if self.world > 1 and tc.max_time is not None:
+            s.elapsed = self._rank0_clock(s.elapsed)
         self._window.add(result.loss, result.nll, result.tokens, result.grad_norm)
-        if tc.warmup_fraction is not None and s.step <= CALIBRATION_STEPS:
-            # fitted after every one of the first updates, so that even a run too short (or
-            # a machine too slow) for all of them ends its warm-up inside; kept after them
-            self._fit_schedule(say=s.step == CALIBRATION_STEPS)
+        if tc.warmup_fraction is not None and refit_due(s.step):
+            self._fit_schedule()
         if progress is not None:
             progress.update(time.perf_counter() - start if progress.unit == "s" else 1)
         self._after_update(result.ratio, progress)
 
-    def _fit_schedule(self, *, say: bool) -> None:
-        """The warm-ups of a time-bounded run, from the rate of its first updates."""
+    def _rank0_clock(self, elapsed: float) -> float:
+        """Rank 0's training time, on every rank of a run bounded by max_time: all of them
+        then fit the warm-up, freeze κ/α and stop at the same update (on its own clock, a rank
+        could stop while the others wait for it in the next update's all-reduce)."""
+        shared = torch.tensor([elapsed], dtype=torch.float64, device=self.device)
+        dist.broadcast(shared, src=0)
+        return float(shared)
+
+    def _fit_schedule(self) -> None:
+        """The warm-ups of a time-bounded run, from its measured rate: fitted after every one
+        of the first updates (so that even a run too short, or a machine too slow, for all of
+        them ends its warm-up inside), then again at 10, 20, 40 … updates from the rate since
+        the last fit (the first updates are slow: allocations, kernels chosen), as long as the
+        run is still inside the warm-up fitted; kept after that."""
         s, tc = self.state, self.tc
-        s.predicted_steps, s.warmup, s.branch_warmup = fitted_warmup(
-            s.step, s.elapsed, max_time=tc.max_time, fraction=tc.warmup_fraction
+        assert tc.max_time is not None and tc.warmup_fraction is not None
+        rate = None
+        if s.step > CALIBRATION_STEPS:
+            if self._fit_mark is None or s.warmup is None or s.step > s.warmup:
+                return  # resumed, or warm-up over: the schedule stays as fitted
+            steps, seconds = self._fit_mark
+            rate = (s.elapsed - seconds) / (s.step - steps)
+        fit = fitted_warmup(
+            s.step,
+            s.elapsed,
+            max_time=tc.max_time,
+            fraction=tc.warmup_fraction,
+            seconds_an_update=rate,
         )
-        if not say:
-            return
-        self.log(
-            f"schedule: {s.elapsed / s.step:.2f} s an update, about {s.predicted_steps:,} "
-            f"updates in train.max_time={tc.max_time:g} s: warm-up {s.warmup} "
-            f"(train.warmup_fraction={tc.warmup_fraction:g}), κ/α warm-up {s.branch_warmup}, "
-            f"κ/α frozen for the last {tc.freeze_branch_fraction:.0%} of the time"
-        )
+        self._fit_mark = (s.step, s.elapsed)
+        if rate is not None and fit[1] < s.step:
+            return  # the warm-up would end before this update: keep the one in use
+        moved = s.warmup is not None and abs(fit[1] - s.warmup) > 0.1 * s.warmup
+        s.predicted_steps, s.warmup, s.branch_warmup = fit
+        if s.step == CALIBRATION_STEPS or (rate is not None and moved):
+            self.log(
+                f"schedule: {rate or s.elapsed / s.step:.2f} s an update, about "
+                f"{s.predicted_steps:,} updates in train.max_time={tc.max_time:g} s: warm-up "
+                f"{s.warmup} (train.warmup_fraction={tc.warmup_fraction:g}), κ/α warm-up "
+                f"{s.branch_warmup}, κ/α frozen for the last "
+                f"{tc.freeze_branch_fraction:.0%} of the time"
+                + (f" (fitted again after {s.step} updates)" if rate is not None else "")
+            )
 
     def _after_update(self, ratio: float | None, progress: Any) -> None:
         s, tc = self.state, self.tc

@@ -87,13 +87,29 @@ def learning_rates(  # type: ignore[no-untyped-def]
 CALIBRATION_STEPS = 5  # the first updates, after each of which the schedule is fitted again
 
 
+def refit_due(step: int) -> bool:
+    """Whether a time-bounded run fits its schedule again after update ``step``: after each
+    of the first CALIBRATION_STEPS, then at twice, four times, eight times … that many."""
+    if step <= CALIBRATION_STEPS:
+        return True
+    ratio, rest = divmod(step, CALIBRATION_STEPS)
+    return rest == 0 and ratio & (ratio - 1) == 0
+
+
 def fitted_warmup(
-    steps: int, elapsed: float, *, max_time: float, fraction: float
+    steps: int,
+    elapsed: float,
+    *,
+    max_time: float,
+    fraction: float,
+    seconds_an_update: float | None = None,
 ) -> tuple[int, int, int]:
     """(predicted updates, warm-up, κ/α warm-up) of a run bounded by ``max_time`` seconds
     that made ``steps`` updates in ``elapsed`` seconds: the warm-up ``fraction`` of the
-    predicted updates, κ/α's a tenth of it (the paper's ratio), each at least 1."""
-    predicted = max(steps, round(steps + (max_time - elapsed) * steps / max(elapsed, 1e-9)))
+    predicted updates, κ/α's a tenth of it (the paper's ratio), each at least 1. The rest of
+    the run is predicted at ``seconds_an_update`` (the recent rate), by default the mean so far."""
+    rate = seconds_an_update if seconds_an_update is not None else elapsed / max(steps, 1)
+    predicted = max(steps, round(steps + (max_time - elapsed) / max(rate, 1e-9)))
     warmup = max(1, round(fraction * predicted))
     return predicted, warmup, max(1, round(warmup / 10))
 
