@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -87,6 +88,7 @@ def training_started(run: Path, lives: int) -> bool:
 def soak(config: Path, run: Path, *, kills: int, ddp: bool, window: float) -> dict[str, int]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = {"kills": 0, "resumes": 0, "failed": 0, "lives": 0}
+    relaunches = 2
     while True:
         resume = has_checkpoint(run)
         done["resumes"] += resume
@@ -114,16 +116,39 @@ def soak(config: Path, run: Path, *, kills: int, ddp: bool, window: float) -> di
                 print(f"  life {done['lives']}: killed {moment} (step {latest_step(run)})")
                 continue
         _, err = proc.communicate()
+        started = training_started(run, steps_before + 1)
+        if proc.returncode != 0 and ddp and not started and launch_failure(err) and relaunches:
+            relaunches -= 1  # the launcher's, before the toolkit ran a step: not a resume's
+            print(f"  life {done['lives']}: torchrun could not start ({launch_failure(err)}); "
+                  "launched again", flush=True)  # fmt: skip
+            done["lives"] -= 1
+            done["resumes"] -= resume
+            continue
         if proc.returncode != 0:
             done["failed"] += 1
-            print(
-                f"  life {done['lives']}: FAILED with exit code {proc.returncode}: "
-                f"{err.strip().splitlines()[-1:] or ''}",
-                flush=True,
-            )
+            print(f"  life {done['lives']}: FAILED with exit code {proc.returncode}:", flush=True)
+            print(textwrap.indent(error_lines(err), "    "), flush=True)
             return done
         print(f"  life {done['lives']}: finished (step {latest_step(run)})", flush=True)
         return done
+
+
+def error_lines(err: str, keep: int = 25) -> str:
+    """The lines of a failed life's stderr worth reading: torchrun frames the error of a
+    worker between rules of '=' and repeats it, so the rules go and the tail is kept."""
+    lines = [line for line in err.splitlines() if line.strip() and set(line.strip()) != {"="}]
+    return "\n".join(lines[-keep:]) or "(nothing on stderr)"
+
+
+# What torchrun's rendezvous prints when a port it picked was taken in between, or a
+# connection to its store broke: the machine's, not a failed resume (a worker that did start
+# training and then failed is always counted).
+LAUNCH_ERRORS = ("Address already in use", "EADDRINUSE", "RendezvousConnectionError",
+                 "RendezvousTimeoutError", "Connection reset by peer")  # fmt: skip
+
+
+def launch_failure(err: str) -> str | None:
+    return next((e for e in LAUNCH_ERRORS if e in err), None)
 
 
 VALID_EVERY = 3

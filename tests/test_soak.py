@@ -32,6 +32,6 @@ def test_killed_and_resumed_runs_end_with_the_uninterrupted_weights(tmp_path):
         text=True,
         timeout=1200,
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert done.returncode == 0, done.stdout[-8000:] + done.stderr[-2000:]
     assert done.stdout.count("EQUAL to the uninterrupted run's") == 2
     assert "0 failed" in done.stdout
