@@ -13,7 +13,13 @@ import torch.nn.functional as F
 from helpers import overfit_run_config, sentence, write_pairs
 from wtnmt import Translator
 from wtnmt.cli import main as cli
-from wtnmt.model.packed import PackedLinear, int8_available, quantize_decoding
+from wtnmt.model.packed import (
+    PackedLinear,
+    int8_available,
+    int8_reduce_range,
+    quantize_decoding,
+)
+from wtnmt.runtime import cpu_has_vnni
 from wtnmt.train import Trainer
 
 pytestmark = pytest.mark.skipif(not int8_available(), reason="this PyTorch build has no FBGEMM")
@@ -35,6 +41,27 @@ def test_an_int8_linear_is_within_two_percent_of_float32_and_follows_weight_chan
         assert ((linear(x, weight, bias) - exact).norm() / exact.norm()).item() < 0.02
     with torch.enable_grad():  # training never goes through int8
         assert torch.equal(linear(x, weight, bias), F.linear(x, weight, bias))
+
+
+def test_int8_activations_take_8_bits_where_the_cpu_has_vnni_and_7_elsewhere():
+    # Activations on the grid of 8-bit steps (k/255 of their range) through an identity (int8
+    # exactly: 127·I at scale 1/127): with 8 bits they come back as they went in, with 7 they
+    # are rounded to steps of 1/127.
+    x = torch.arange(256, dtype=torch.float32).div(255).reshape(4, 64)
+    linear = PackedLinear()
+    linear.int8 = True
+    with torch.no_grad():
+        error = (linear(x, torch.eye(64)) - x).abs().max().item()
+    if cpu_has_vnni():
+        assert not int8_reduce_range()
+        assert error < 1e-5
+    else:
+        assert int8_reduce_range()
+        assert error <= 0.5 / 127 + 1e-5
+    # The widest pair of products 8 bits allow, 2·255·127, does not saturate where they are used.
+    ones = torch.ones(3, 64)
+    with torch.no_grad():
+        assert torch.allclose(linear(ones, torch.ones(4, 64)), torch.full((3, 4), 64.0))
 
 
 @pytest.fixture(scope="module")
