@@ -27,6 +27,7 @@ if CHROMIUM is None or DRIVER is None:
         "no Chromium here: apt-get install chromium chromium-driver", allow_module_level=True
     )
 
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -63,7 +64,9 @@ def test_the_page_translates_as_you_type_and_shows_branches(browser, tmp_path):
     expected = translator.translate([text])[0]
     table = branch_weight_table(translator.model)
     app = create_app(Translator.load(run), ServeSettings())
-    wait = WebDriverWait(browser, 30)
+    # the page redraws what it shows as answers come: an element found may be replaced before
+    # its text is read, and then the wait looks again
+    wait = WebDriverWait(browser, 30, ignored_exceptions=(StaleElementReferenceException,))
     with LiveServer(app) as server:
         browser.get(server.url + "/")
         # the κ/α bars: every branched layer, κ and α, one bar per branch
