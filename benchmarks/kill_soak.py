@@ -116,11 +116,11 @@ def soak(config: Path, run: Path, *, kills: int, ddp: bool, window: float) -> di
                 print(f"  life {done['lives']}: killed {moment} (step {latest_step(run)})")
                 continue
         _, err = proc.communicate()
-        started = training_started(run, steps_before + 1)
-        if proc.returncode != 0 and ddp and not started and launch_failure(err) and relaunches:
+        launch = launch_failure(err) if proc.returncode != 0 and ddp else None
+        if launch and relaunches and not training_started(run, steps_before + 1):
             relaunches -= 1  # the launcher's, before the toolkit ran a step: not a resume's
-            print(f"  life {done['lives']}: torchrun could not start ({launch_failure(err)}); "
-                  "launched again", flush=True)  # fmt: skip
+            print(f"  life {done['lives']}: torchrun could not start ({launch}); launched again",
+                  flush=True)  # fmt: skip
             done["lives"] -= 1
             done["resumes"] -= resume
             continue

@@ -20,10 +20,6 @@ from wtnmt.train import Trainer
 QUIET = {"log_to_stderr": False}
 
 
-def weights(path: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(path))
-
-
 def test_resume_equals_training_straight_through(tmp_path):
     straight = tiny_run_config(
         tmp_path, train={"max_steps": 8, "save_every": 100, "valid_every": 100}
@@ -33,8 +29,8 @@ def test_resume_equals_training_straight_through(tmp_path):
     Trainer(first, tmp_path / "b", **QUIET).run()
     state = Trainer(straight, tmp_path / "b", resume=True, **QUIET).run()
     assert state.step == 8
-    a = weights(sorted((tmp_path / "a" / "checkpoints").glob("*.safetensors"))[-1])
-    b = weights(sorted((tmp_path / "b" / "checkpoints").glob("*.safetensors"))[-1])
+    a = load_file(sorted((tmp_path / "a" / "checkpoints").glob("*.safetensors"))[-1])
+    b = load_file(sorted((tmp_path / "b" / "checkpoints").glob("*.safetensors"))[-1])
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
@@ -80,8 +76,8 @@ def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_last_complete_
         tmp_path, train={"max_steps": 8, "save_every": 100, "valid_every": 100}
     )
     Trainer(reference, tmp_path / "straight", **QUIET).run()
-    a = weights(run / "checkpoints" / "step_0000008.safetensors")
-    b = weights(sorted((tmp_path / "straight" / "checkpoints").glob("*.safetensors"))[-1])
+    a = load_file(run / "checkpoints" / "step_0000008.safetensors")
+    b = load_file(sorted((tmp_path / "straight" / "checkpoints").glob("*.safetensors"))[-1])
     assert all(torch.equal(a[n], b[n]) for n in a)
 
 

@@ -31,10 +31,6 @@ from wtnmt.train import Trainer
 QUIET = {"log_to_stderr": False}
 
 
-def weights(path: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(path))
-
-
 def test_branch_weights_stay_on_the_simplex_and_freeze_at_the_end(tmp_path):
     config = tiny_run_config(
         tmp_path,
@@ -43,7 +39,7 @@ def test_branch_weights_stay_on_the_simplex_and_freeze_at_the_end(tmp_path):
     Trainer(config, tmp_path / "run", **QUIET).run()
     states = sorted((tmp_path / "run" / "checkpoints").glob("step_*.safetensors"))
     assert len(states) == 8
-    snapshots = [weights(p) for p in states]
+    snapshots = [load_file(p) for p in states]
     for snap in snapshots:
         for name, tensor in snap.items():
             if name.endswith((".kappa", ".alpha")):
