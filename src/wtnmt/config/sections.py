@@ -294,11 +294,14 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Search settings (Vaswani et al.: beam 4, length penalty α = 0.6)."""
+    """Search settings (Vaswani et al.: beam 4, length penalty α = 0.6 in the form of Wu et
+    al., 2016). ``length_penalty_form``: "gnmt", ((5 + |y|) / 6)^α, or "fairseq", |y|^α
+    (fairseq's ``--lenpen``, 1 by default: scores are log-probabilities per token)."""
 
     beam: int = 4
     nbest: int = 1
     length_penalty: float = 0.6
+    length_penalty_form: Literal["gnmt", "fairseq"] = "gnmt"
     max_len_a: float = 1.5  # maximum output length a·source_length + b
     max_len_b: int = 10
     batch_tokens: int = 4096

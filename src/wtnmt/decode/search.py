@@ -7,8 +7,11 @@ whole prefix at every step instead (the reference the cache is tested and timed 
 
 Beam search, per sentence, keeps ``beam`` live hypotheses ranked by their summed
 log-probability. At each step the 2·beam best extensions are considered in order: one that
-ends with EOS while ranked among the first ``beam`` is finished, scored with the length
-penalty of Wu et al. (2016), lp(y) = ((5 + |y|) / 6)^α, and the best ``beam`` others live on.
+ends with EOS while ranked among the first ``beam`` is finished, scored as its log-probability
+divided by a length penalty lp(y), and the best ``beam`` others live on. Two forms of lp
+(``form``), |y| counting EOS: Wu et al.'s (2016) "gnmt", ((5 + |y|) / 6)^α, and fairseq's
+"fairseq", |y|^α (its ``--lenpen``; α = 1, its default, is the mean log-probability a
+token). α = 0 is no normalization in either form.
 A sentence is done once it has ``beam`` finished hypotheses (or reached its maximum length,
 where EOS is forced); the search stops as soon as every sentence is done.
 """
@@ -33,9 +36,17 @@ class Hypothesis:
     log_prob: float  # summed log-probability of tokens + EOS
 
 
-def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
-    """((5 + length) / 6) ** alpha (Wu et al., 2016); length counts EOS."""
-    return ((5 + length) / 6) ** alpha
+PENALTY_FORMS = ("gnmt", "fairseq")
+
+
+def length_penalty(length: int | Tensor, alpha: float, form: str = "gnmt") -> float | Tensor:
+    """((5 + length) / 6) ** alpha (Wu et al., 2016; ``form="gnmt"``) or length ** alpha
+    (fairseq's, ``form="fairseq"``); length counts EOS."""
+    if form == "fairseq":
+        return length**alpha
+    if form == "gnmt":
+        return ((5 + length) / 6) ** alpha
+    raise ValueError(f"length penalty form {form!r} is not one of {', '.join(PENALTY_FORMS)}")
 
 
 def max_lengths(src: Tensor, *, a: float, b: int, pad_id: int, cap: int) -> Tensor:
@@ -220,6 +231,7 @@ def _settle(
     finished: list[list[Hypothesis]],
     beam: int,
     alpha: float,
+    form: str,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None] | None:
     """A step where some hypotheses end (or cannot go on): record them in ``finished``.
 
@@ -246,7 +258,7 @@ def _settle(
             toks = prefixes[row * group + origin_l[row][r]]
             score = top_l[row][r]
             finished[sent].append(
-                Hypothesis(toks, score / length_penalty(len(toks) + 1, alpha), score)
+                Hypothesis(toks, score / length_penalty(len(toks) + 1, alpha, form), score)
             )
     for row in n_live.eq(0).nonzero()[:, 0].tolist():
         sent = int(active[row])
@@ -254,7 +266,7 @@ def _settle(
             best = float(scores[row].max())
             toks = prefix[row * group + int(scores[row].argmax()), 1:].tolist()
             finished[sent].append(
-                Hypothesis(toks, best / length_penalty(len(toks) + 1, alpha), best)
+                Hypothesis(toks, best / length_penalty(len(toks) + 1, alpha, form), best)
             )
     n_done = torch.tensor([len(finished[s]) for s in active.tolist()], device=top.device)
     still = n_done.lt(beam) & n_live.gt(0)  # [n]
@@ -281,6 +293,7 @@ def beam_search(
     beam: int = 4,
     nbest: int = 1,
     alpha: float = 0.6,  # type: ignore[no-untyped-def]
+    penalty_form: str = "gnmt",
     max_len_a: float = 1.5,
     max_len_b: int = 10,
     min_len: int = 0,
@@ -294,6 +307,7 @@ def beam_search(
     """
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest={nbest} must be between 1 and beam={beam}")
+    length_penalty(1, alpha, penalty_form)  # an unknown form fails before the search
     b, device = src.size(0), src.device
     limit = _limits(model, src, max_len_a, max_len_b, max_len)  # [n] of the active sentences
     first_forced = int(limit.min())
@@ -315,7 +329,9 @@ def beam_search(
         ):  # the usual step: no EOS among the best K, which all live on
             top, origin, token = top[:, :beam], origin[:, :beam], token[:, :beam]
         else:
-            settled = _settle(top, origin, token, scores, prefix, active, finished, beam, alpha)
+            settled = _settle(
+                top, origin, token, scores, prefix, active, finished, beam, alpha, penalty_form
+            )
             if settled is None:
                 break
             top, origin, token, rows = settled
@@ -337,6 +353,7 @@ def search_batch(
     beam: int,
     nbest: int = 1,
     alpha: float = 0.6,
+    penalty_form: str = "gnmt",
     max_len_a: float = 1.5,
     max_len_b: int = 10,
     min_len: int = 0,
@@ -349,7 +366,14 @@ def search_batch(
         if beam == 1 and nbest == 1:
             return [[h] for h in greedy_search(model, src, **limits, max_len=max_len)]
         return beam_search(
-            model, src, beam=beam, nbest=nbest, alpha=alpha, **limits, max_len=max_len
+            model,
+            src,
+            beam=beam,
+            nbest=nbest,
+            alpha=alpha,
+            penalty_form=penalty_form,
+            **limits,
+            max_len=max_len,
         )
 
 

@@ -193,6 +193,7 @@ class Translator:
             "beam": d.beam if beam is None else beam,
             "nbest": nbest,
             "alpha": d.length_penalty,
+            "penalty_form": d.length_penalty_form,
             "max_len_a": d.max_len_a,
             "max_len_b": d.max_len_b,
             "min_len": min_len,
