@@ -114,16 +114,17 @@ def test_beam_three_finishes_the_empty_hypothesis_and_ranks_by_length_penalty():
     assert strong[0].score == pytest.approx(math.log(0.3) / lp(2, 3.0), abs=1e-6)
 
 
-class ShortOrLong(ScriptedModel):
-    """A short hypothesis more probable in all than a longer one, less probable a token."""
+SHORT_OR_LONG = {  # a short hypothesis more probable in all than a longer one, less a token
+    (): {A: 0.5, B: 0.4, EOS: 0.1},
+    (A,): {EOS: 0.6, B: 0.4},
+    (B,): {A: 0.625, EOS: 0.375},
+    (A, B): {EOS: 1.0},
+    (B, A): {EOS: 1.0},
+}
 
-    script = {
-        (): {A: 0.5, B: 0.4, EOS: 0.1},
-        (A,): {EOS: 0.6, B: 0.4},
-        (B,): {A: 0.625, EOS: 0.375},
-        (A, B): {EOS: 1.0},
-        (B, A): {EOS: 1.0},
-    }
+
+class ShortOrLong(ScriptedModel):
+    script = SHORT_OR_LONG
 
 
 def test_fairseq_normalization_prefers_the_longer_hypothesis_the_unnormalized_beam_drops():
