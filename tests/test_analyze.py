@@ -293,6 +293,23 @@ def test_cached_scores_are_recomputed_for_new_weights(runs):
     assert score_run(run)["bleu"] == first["bleu"]  # other weights: decoded again
 
 
+def test_a_score_kept_from_before_moses_bleu_gets_it_from_its_hypotheses(runs, tmp_path):
+    import shutil
+
+    from wtnmt.analysis.scoring import moses_bleu, read_hypotheses, score_run, split_pairs
+
+    clone = tmp_path / runs[1].name  # committed results: no weights to decode with
+    shutil.copytree(runs[1], clone, ignore=shutil.ignore_patterns("*.safetensors", "checkpoints"))
+    cache = clone / "eval" / "test.beamdefault.json"
+    kept = json.loads(cache.read_text())
+    old = {k: v for k, v in kept.items() if not k.startswith("bleu_moses")}
+    cache.write_text(json.dumps(old))
+    got = score_run(clone)
+    hyps, refs = read_hypotheses(clone, old), split_pairs(clone, "test")[1]
+    assert got == {**old, **moses_bleu(hyps, refs, "yy")} == json.loads(cache.read_text())
+    assert got["bleu_moses"] == kept["bleu_moses"]
+
+
 def test_a_clone_without_weights_reports_the_same_numbers(runs, tmp_path):
     # what is committed: no weights, no checkpoints; the decoded scores kept in eval/
     import shutil

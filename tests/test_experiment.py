@@ -124,7 +124,7 @@ def test_the_runner_skips_a_finished_run_and_resumes_an_interrupted_one(tmp_path
     for spec in grid.runs:
         scores = json.loads((spec.run_dir / "scores.json").read_text())
         assert scores["steps"] == 6 and scores["test"]["beam"] == 2
-        assert {"bleu", "chrf", "bleu_lc"} <= set(scores["test"])
+        assert {"bleu", "chrf", "bleu_lc", "bleu_moses"} <= set(scores["test"])
         assert plan_task(spec, grid) is None  # nothing left
     summary = (tmp_path / "report" / "summary.md").read_text()
     assert "weighted-s1" in summary and "weighted-s2" in summary

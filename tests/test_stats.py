@@ -87,3 +87,16 @@ def test_the_seeds_table_tests_each_model_against_the_first(tmp_path):
     assert bleu[4:7] == [round(t, 2), round(df, 1), round(p, 4)]
     assert bleu[7] == pytest.approx(0.1)
     assert seeds_test_table(runs[:1] + runs[3:4]) is None  # one seed a side: nothing to test
+
+
+def test_moses_bleu_scores_lowercased_moses_tokens_and_counts_them_as_bleu_4():
+    from wtnmt.analysis.scoring import moses_bleu
+
+    # casing and the tokens Moses splits off do not count: the same sentence either way
+    hyp, ref = ["Ein Mann, der „etwas“ anstarrt."], ['ein mann , der "etwas" anstarrt .']
+    assert moses_bleu(hyp, ref, "de")["bleu_moses"] == 100.0
+    # by hand: "a b c d e" against "a b c d f": 4/5, 3/4, 2/3, 1/2 n-gram precisions and no
+    # brevity penalty, BLEU = (4/5 · 3/4 · 2/3 · 1/2)^(1/4) = 0.2^(1/4)
+    got = moses_bleu(["A b c d e"], ["a b c d f"], "en")
+    assert got["bleu_moses"] == round(100 * 0.2**0.25, 2)
+    assert got["bleu_moses_signature"].startswith("lc+moses-norm+moses-tok:en|")

@@ -76,7 +76,8 @@ def main(argv: list[str]) -> int:
         (run_dir / "scores.json").write_text(json.dumps(scores, indent=2) + "\n")
         print(
             f"{run_dir.name}: {split} BLEU {scores[split]['bleu']:.2f} chrF "
-            f"{scores[split]['chrf']:.2f} (lowercased BLEU {scores[split]['bleu_lc']:.2f})",
+            f"{scores[split]['chrf']:.2f} (lowercased BLEU {scores[split]['bleu_lc']:.2f}, on "
+            f"lowercased Moses tokens {scores[split]['bleu_moses']:.2f})",
             file=sys.stderr,
         )
     return 0
