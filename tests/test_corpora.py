@@ -138,6 +138,6 @@ def test_wmt14_recipe_from_a_file_mirror(tmp_path, monkeypatch):
     directory = locate(corpus)
     assert directory == tmp_path / "cache" / "wtnmt" / "wmt14-en-de"
     raw = corpus.read(directory, "de", "en")
-    assert raw["train"] == [("ein Haus", "a house"), ("die Katze", "the cat")] * 3
+    assert raw["train"].pairs() == [("ein Haus", "a house"), ("die Katze", "the cat")] * 3
     assert raw["test"] == [("A & Bé", "A & B"), ("C", "C")]
     assert locate(corpus) == directory  # found in the cache the second time

@@ -116,6 +116,21 @@ def _add_prepare(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--tgt-lang", dest="tgt_lang")
     p.add_argument("--vocab-size", dest="vocab_size", type=int)
     p.add_argument(
+        "--vocab-sample",
+        dest="spm_max_sentences",
+        type=int,
+        metavar="N",
+        help="train the vocabulary on a seeded sample of N sentences of the training pairs "
+        "(data.spm_max_sentences, default 2,000,000)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="processes encoding the training pairs (default: one a core); any number "
+        "gives the same output",
+    )
+    p.add_argument(
         "--corpus-dir", dest="corpus_dir", help="directory holding the named corpus's files"
     )
     p.add_argument("--out", help="the prepared-data directory (default: data.prepared_dir)")

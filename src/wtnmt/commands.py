@@ -47,6 +47,7 @@ def _data_config(args: argparse.Namespace) -> DataConfig:
         "valid_tgt",
         "test_src",
         "test_tgt",
+        "spm_max_sentences",
     ):
         value = getattr(args, key)
         if value is not None:
@@ -59,7 +60,15 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
     config = _data_config(args)
     out = args.out or config.prepared_path()
-    summary = prepare(config, out, log=lambda m: print(m, file=sys.stderr), force=args.force)
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(f"--workers {args.workers}: must be at least 1")
+    summary = prepare(
+        config,
+        out,
+        log=lambda m: print(m, file=sys.stderr),
+        force=args.force,
+        workers=args.workers,
+    )
     print(format_summary(summary))
     print(f"prepared data: {Path(out)}  (summary.json there)")
     if args.json:

@@ -3,7 +3,8 @@
 from wtnmt.data.batching import BatchPlan, plan_batches
 from wtnmt.data.dataset import Batch, ParallelData
 from wtnmt.data.io import DataError
-from wtnmt.data.prepare import format_summary, prepare
+from wtnmt.data.prepare import prepare
+from wtnmt.data.summary import format_summary
 from wtnmt.data.vocab import Vocabulary
 
 __all__ = [

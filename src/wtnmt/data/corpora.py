@@ -22,6 +22,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from wtnmt.data.io import (
     DataError,
@@ -30,6 +31,7 @@ from wtnmt.data.io import (
     read_zip_member,
     split_tsv,
 )
+from wtnmt.data.stream import ArchivePairs, PairList, ParallelFiles
 
 Pair = tuple[str, str]
 
@@ -48,8 +50,9 @@ class Corpus:
     files: tuple[RemoteFile, ...]
     languages: tuple[str, ...]
     attribution: str
-    # (directory, src_lang, tgt_lang) → {"train"|"valid"|"test": raw pairs}
-    read: Callable[[Path, str, str], dict[str, list[Pair]]]
+    # (directory, src_lang, tgt_lang) → {"train"|"valid"|"test": raw pairs}; the training
+    # pairs as a stream (data/stream.py), read again on each pass rather than held
+    read: Callable[[Path, str, str], dict[str, Any]]
     has_standard_split: bool = True
     pivot: str | None = None  # language whose unique sentences define a seeded split
 
@@ -144,7 +147,7 @@ def _orient(pairs: list[Pair], first: str, src: str, tgt: str) -> list[Pair]:
     return pairs if src == first else [(b, a) for a, b in pairs]
 
 
-def _read_tatoeba(directory: Path, src: str, tgt: str) -> dict[str, list[Pair]]:
+def _read_tatoeba(directory: Path, src: str, tgt: str) -> dict[str, Any]:
     """deu-eng.zip as manythings.org serves it: ``deu.txt`` with English<TAB>German, and in
     newer releases a third column of attribution. Everything is 'train': no standard split."""
     path = directory / "deu-eng.zip"
@@ -153,14 +156,17 @@ def _read_tatoeba(directory: Path, src: str, tgt: str) -> dict[str, list[Pair]]:
         f"{path}:deu.txt",
         columns=(2, 3),
     )
-    return {"train": _orient([(r[0], r[1]) for r in rows], "en", src, tgt)}
+    return {"train": PairList(_orient([(r[0], r[1]) for r in rows], "en", src, tgt))}
 
 
-def _read_multi30k(directory: Path, src: str, tgt: str) -> dict[str, list[Pair]]:
-    splits = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
-    return {
+def _read_multi30k(directory: Path, src: str, tgt: str) -> dict[str, Any]:
+    splits: dict[str, Any] = {
         ours: read_parallel(directory / f"{theirs}.{src}.gz", directory / f"{theirs}.{tgt}.gz")
-        for ours, theirs in splits.items()
+        for ours, theirs in (("valid", "val"), ("test", "test_2016_flickr"))
+    }
+    return {
+        "train": ParallelFiles(directory / f"train.{src}.gz", directory / f"train.{tgt}.gz"),
+        **splits,
     }
 
 
@@ -197,19 +203,11 @@ def _archive_member(archive: Path, member: str) -> bytes:
 def _wmt14_reader(other: str, train: tuple[tuple[str, str], ...]):  # type: ignore[no-untyped-def]
     """WMT14 en-{other}: the parallel training corpora, newstest2013 (valid), newstest2014."""
 
-    def read(directory: Path, src: str, tgt: str) -> dict[str, list[Pair]]:
-        pairs: list[Pair] = []
-        for archive, stem in train:
-            en = _archive_member(directory / archive, stem.format(lang="en"))
-            xx = _archive_member(directory / archive, stem.format(lang=other))
-            en_lines = decode_lines(en, f"{archive}:{stem.format(lang='en')}")
-            xx_lines = decode_lines(xx, f"{archive}:{stem.format(lang=other)}")
-            if len(en_lines) != len(xx_lines):
-                raise DataError(
-                    f"{archive}: {stem} has {len(en_lines)} English and "
-                    f"{len(xx_lines)} {other} lines"
-                )
-            pairs.extend(zip(en_lines, xx_lines, strict=True))
+    def read(directory: Path, src: str, tgt: str) -> dict[str, Any]:
+        members = [
+            (directory / archive, stem.format(lang=src), stem.format(lang=tgt))
+            for archive, stem in train
+        ]
         dev = directory / "dev.tgz"
         valid = list(
             zip(
@@ -232,8 +230,8 @@ def _wmt14_reader(other: str, train: tuple[tuple[str, str], ...]):  # type: igno
             )
         )
         return {
-            name: _orient(p, "en", src, tgt)
-            for name, p in (("train", pairs), ("valid", valid), ("test", test))
+            "train": ArchivePairs(members),
+            **{name: _orient(p, "en", src, tgt) for name, p in (("valid", valid), ("test", test))},
         }
 
     return read

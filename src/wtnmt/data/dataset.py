@@ -29,6 +29,54 @@ def write_ids(path_stem: Path, sequences: list[list[int]], vocab_size: int) -> N
     np.save(f"{path_stem}.idx.npy", offsets)
 
 
+class _NpyStream:
+    """A one-dimensional .npy file written piece by piece: its header, whose shape is only
+    known at the end, is written then into the room reserved for it at the start."""
+
+    HEADER = 128  # bytes: magic, version, length and the padded header text
+
+    def __init__(self, path: str, dtype: np.dtype) -> None:
+        self.path, self.dtype, self.count = path, np.dtype(dtype), 0
+        self.file = open(path, "wb")
+        self.file.write(b"\0" * self.HEADER)
+
+    def write(self, values: np.ndarray) -> None:
+        self.file.write(np.ascontiguousarray(values, dtype=self.dtype).tobytes())
+        self.count += len(values)
+
+    def close(self) -> None:
+        text = repr({"descr": self.dtype.str, "fortran_order": False, "shape": (self.count,)})
+        room = self.HEADER - 10  # after the magic string, the version and the length
+        header = text.encode("latin1").ljust(room - 1) + b"\n"
+        self.file.seek(0)
+        self.file.write(b"\x93NUMPY\x01\x00" + room.to_bytes(2, "little") + header)
+        self.file.close()
+
+
+class IdWriter:
+    """``write_ids``'s two files, appended to chunk by chunk (``append(flat, lengths)``), so
+    that a split of any size is written without being held; complete once closed."""
+
+    def __init__(self, path_stem: Path, vocab_size: int) -> None:
+        dtype = np.uint16 if vocab_size <= np.iinfo(np.uint16).max else np.int32
+        self.ids = _NpyStream(f"{path_stem}.npy", dtype)
+        self.offsets = _NpyStream(f"{path_stem}.idx.npy", np.int64)
+        self.offsets.write(np.zeros(1, dtype=np.int64))
+        self.total = 0
+
+    def append(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        self.ids.write(flat)
+        self.offsets.write(self.total + np.cumsum(lengths, dtype=np.int64))
+        self.total += int(lengths.sum())
+
+    def __enter__(self) -> IdWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.ids.close()
+        self.offsets.close()
+
+
 class TokenArray:
     """Variable-length id sequences read from disk without loading them (np.load mmap)."""
 

@@ -14,8 +14,9 @@ import select
 import stat
 import sys
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 
 class DataError(ValueError):
@@ -58,29 +59,56 @@ def stream_lines(path: str | Path | None, *, chunk: int) -> Iterator[tuple[int, 
         fd = sys.stdin.fileno() if stdin else source.fileno()  # type: ignore[union-attr]
         read = lambda: os.read(fd, 1 << 16)  # noqa: E731  (what is there, without waiting)
         waiting = lambda: bool(select.select([fd], [], [], 0)[0])  # noqa: E731
-    else:
-        opener = gzip.open if str(path).endswith(".gz") else open
-        source = opener(path, "rb")  # type: ignore[operator]
-        read = lambda: source.read(1 << 16)  # noqa: E731
-        waiting = lambda: True  # noqa: E731  (a file has the rest at hand)
+        with source:
+            yield from chunked_lines(read, name, chunk=chunk, waiting=waiting)
+        return
+    with open_binary(path) as (f, _):  # type: ignore[arg-type]
+        yield from chunked_lines(lambda: f.read(1 << 16), name, chunk=chunk)
+
+
+@contextlib.contextmanager
+def open_binary(path: str | Path) -> Iterator[tuple[BinaryIO, Callable[[], int]]]:
+    """A file's bytes (decompressed for ``.gz``) and a function giving how many bytes of the
+    file on disk have been consumed so far (the compressed ones for ``.gz``), for progress."""
+    _check_readable(path)
+    with open(path, "rb") as raw:
+        if str(path).endswith(".gz"):
+            with gzip.GzipFile(fileobj=raw, mode="rb") as f:
+                yield f, raw.tell  # type: ignore[misc]
+        else:
+            yield raw, raw.tell
+
+
+def chunked_lines(
+    read: Callable[[], bytes],
+    name: str,
+    *,
+    chunk: int,
+    waiting: Callable[[], bool] = lambda: True,
+) -> Iterator[tuple[int, list[str]]]:
+    """(number of the first line, up to ``chunk`` lines) of the bytes ``read`` gives (b"" at
+    the end), strict UTF-8, errors naming ``name``, line and byte offset. A chunk is handed on
+    when full, at the end, or when ``waiting()`` says no more input is at hand."""
     line, offset = 1, 0
-    with source:
-        pending: list[bytes] = []
-        partial = b""
-        while True:
+    pending: list[bytes] = []
+    partial = b""
+    while True:
+        try:
             data = read()
-            if data:
-                *complete, partial = (partial + data).split(b"\n")
-                pending.extend(complete)
-            elif partial:
-                pending.append(partial)
-            while pending and (len(pending) >= chunk or not data or not waiting()):
-                lines, pending = pending[:chunk], pending[chunk:]
-                raw = b"\n".join(lines) + b"\n"
-                yield line, decode_lines(raw, name, first_line=line, first_byte=offset)
-                line, offset = line + len(lines), offset + len(raw)
-            if not data:
-                return
+        except (OSError, EOFError) as e:  # a damaged gzip stream, a member cut short
+            raise DataError(f"{name}: cannot be read to its end ({e})") from None
+        if data:
+            *complete, partial = (partial + data).split(b"\n")
+            pending.extend(complete)
+        elif partial:
+            pending.append(partial)
+        while pending and (len(pending) >= chunk or not data or not waiting()):
+            lines, pending = pending[:chunk], pending[chunk:]
+            raw = b"\n".join(lines) + b"\n"
+            yield line, decode_lines(raw, name, first_line=line, first_byte=offset)
+            line, offset = line + len(lines), offset + len(raw)
+        if not data:
+            return
 
 
 def _check_readable(path: str | Path) -> bool:
@@ -128,21 +156,22 @@ def read_parallel(src: str | Path, tgt: str | Path) -> list[tuple[str, str]]:
 
 
 def split_tsv(
-    lines: list[str], name: str, *, columns: int | tuple[int, ...] = 2
+    lines: list[str], name: str, *, columns: int | tuple[int, ...] = 2, first_line: int = 1
 ) -> list[list[str]]:
     """Tab-separated lines → fields. Every line must have the same allowed number of columns
-    (the first line decides among several allowed); a line that differs is named."""
+    (the first line decides among several allowed); a line that differs is named. Lines are
+    numbered from ``first_line``; past line 1, ``columns`` is what line 1 had."""
     allowed = (columns,) if isinstance(columns, int) else columns
     rows = [line.split("\t") for line in lines]
     if not rows:
         return rows
-    expected = len(rows[0])
+    expected = len(rows[0]) if first_line == 1 else allowed[0]
     if expected not in allowed:
         raise DataError(
             f"{name}: line 1 has {expected} tab-separated columns; expected "
             f"{' or '.join(map(str, allowed))}"
         )
-    for number, row in enumerate(rows, start=1):
+    for number, row in enumerate(rows, start=first_line):
         if len(row) != expected:
             raise DataError(
                 f"{name}: line {number} has {len(row)} tab-separated columns, expected "
@@ -169,11 +198,14 @@ def read_zip_member(path: str | Path, member: str) -> bytes:
 
 __all__ = [
     "DataError",
+    "chunked_lines",
     "decode_lines",
+    "open_binary",
     "read_bytes",
     "read_lines",
     "read_parallel",
     "read_tsv",
     "read_zip_member",
     "split_tsv",
+    "stream_lines",
 ]

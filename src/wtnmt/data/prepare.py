@@ -20,7 +20,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import random
 import shutil
 import time
 from collections import Counter
@@ -29,17 +28,20 @@ from pathlib import Path
 from typing import Any
 
 from wtnmt.config import DataConfig
-from wtnmt.data.clean import drop_empty_and_duplicates, length_filter
+from wtnmt.data.clean import drop_empty_and_duplicates
 from wtnmt.data.corpora import locate_corpus, sha256_of
 from wtnmt.data.dataset import write_ids
-from wtnmt.data.io import DataError, read_parallel, read_tsv
+from wtnmt.data.io import DataError, read_parallel
 from wtnmt.data.prepared_dir import (
     check_output_directory,
     move_into_place,
     remove_stale_builds,
 )
 from wtnmt.data.split import keep_short, split_by_pivot
-from wtnmt.data.vocab import Vocabulary, train_sentencepiece
+from wtnmt.data.stream import PairList, ParallelFiles, TsvFile
+from wtnmt.data.summary import split_stats
+from wtnmt.data.train_split import Selection, encode, kept_pairs, select, train_vocabulary
+from wtnmt.data.vocab import Vocabulary
 
 FORMAT_VERSION = 2  # 2: dev/test ids cut to max_tokens_per_side
 SPLITS = ("train", "valid", "test")
@@ -52,7 +54,7 @@ _NOT_OPTIONS = {"prepared_dir", "corpus_dir"}
 @dataclasses.dataclass(frozen=True)
 class _Source:
     files: list[Path]  # what the fingerprint hashes
-    read: Callable[[], dict[str, list[Pair]]]  # raw pairs by split
+    read: Callable[[], dict[str, Any]]  # raw pairs by split; train's as a PairStream
     attribution: str
     pivot: int | None  # no standard split: split by unique sentences of this side (0 src, 1 tgt)
 
@@ -70,15 +72,16 @@ def _source(config: DataConfig) -> _Source:
             pivot=pivot,
         )
     files: list[Path] = []
-    readers: dict[str, Callable[[], list[Pair]]] = {}
+    readers: dict[str, Callable[[], Any]] = {}
     if c.train_tsv is not None:
         files.append(Path(c.train_tsv))
-        readers["train"] = lambda: read_tsv(c.train_tsv)  # type: ignore[arg-type]
+        readers["train"] = lambda: TsvFile(c.train_tsv)  # type: ignore[arg-type]
     for split in SPLITS:
         src, tgt = getattr(c, f"{split}_src"), getattr(c, f"{split}_tgt")
         if src is not None:
             files += [Path(src), Path(tgt)]
-            readers[split] = lambda s=src, t=tgt: read_parallel(s, t)
+            read = ParallelFiles if split == "train" else read_parallel
+            readers[split] = lambda s=src, t=tgt, read=read: read(s, t)
 
     for path in files:
         if not path.is_file():
@@ -128,79 +131,75 @@ def is_current(directory: Path, key: str) -> bool:
     return all(p.is_file() for p in needed) and sha256_of(model) == manifest.get("vocab_sha256")
 
 
-def _split_stats(
-    pairs: list[Pair],
-    ids: tuple[list[list[int]], list[list[int]]],
-    read: int,
-    dropped: Counter[str],
-) -> dict[str, Any]:
-    src_tokens = sum(map(len, ids[0]))
-    tgt_tokens = sum(map(len, ids[1]))
-    n = max(len(pairs), 1)
-    return {
-        "pairs_read": read,
-        "pairs_kept": len(pairs),
-        "dropped": dict(sorted(dropped.items())),
-        "tokens_src": src_tokens,
-        "tokens_tgt": tgt_tokens,
-        "avg_len_src": round(src_tokens / n, 2),
-        "avg_len_tgt": round(tgt_tokens / n, 2),
-    }
-
-
 def make_splits(
-    config: DataConfig, raw: dict[str, list[Pair]], pivot: int | None
-) -> tuple[dict[str, list[Pair]], dict[str, Any]]:
+    config: DataConfig, raw: dict[str, Any], pivot: int | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Raw pairs → train/valid/test: the source's own splits where it has them, a seeded
     split by unique ``pivot`` sentence for what it lacks (``pivot`` None: it lacks nothing).
-    ``max_words`` and ``train_size`` apply to training data either way.
 
-    Returns the splits and what happened before splitting (for the summary).
+    With the source's own splits, the training pairs stay a stream: ``max_words`` and
+    ``train_size`` are applied as it is read (``train_split.select``). A seeded split needs
+    every pivot sentence at once: the training pairs are read into memory, ``max_words`` and
+    ``train_size`` applied here, and what is kept for training is a PairList.
+
+    Returns the splits and what happened before splitting (for the summary; filled in by
+    ``select`` for a stream).
     """
     c = config
-    pairs = raw["train"]
+    if pivot is None:  # dev and test are the source's own, scored as given
+        return raw, {}
+    pairs = raw["train"].pairs()
     level: dict[str, Any] = {"pairs_read": len(pairs)}
     dropped: Counter[str] = Counter()
     if c.max_words is not None:
         pairs, dropped["over_max_words"] = keep_short(pairs, c.max_words)
     given = [split for split in ("valid", "test") if split in raw]
-    if pivot is None:  # dev and test are the source's own, scored as given
-        splits = {**raw, "train": pairs}
-        if c.train_size is not None and len(pairs) > c.train_size:
-            keep = sorted(random.Random(c.split_seed).sample(range(len(pairs)), c.train_size))
-            dropped["over_train_size"] = len(pairs) - c.train_size
-            splits["train"] = [pairs[i] for i in keep]
-        if not dropped:
-            return splits, {}
-    else:
-        splits, split_drops = split_by_pivot(
-            pairs,
-            pivot=pivot,
-            seed=c.split_seed,
-            valid_size=0 if "valid" in given else c.valid_size,
-            test_size=0 if "test" in given else c.test_size,
-            train_size=c.train_size,
-        )
-        splits.update({split: raw[split] for split in given})
-        dropped.update(split_drops)
-        side = "source" if pivot == 0 else "target"
-        held = " and ".join(s for s in ("valid", "test") if s not in given)
-        level["split"] = (
-            f"{held} held out of training, seeded (seed {c.split_seed}) by unique {side} sentence"
-        )
-        if given:
-            level["split"] += f"; {' and '.join(given)} from the files given"
+    splits, split_drops = split_by_pivot(
+        pairs,
+        pivot=pivot,
+        seed=c.split_seed,
+        valid_size=0 if "valid" in given else c.valid_size,
+        test_size=0 if "test" in given else c.test_size,
+        train_size=c.train_size,
+    )
+    splits.update({split: raw[split] for split in given})
+    splits["train"] = PairList(splits["train"])
+    dropped.update(split_drops)
+    side = "source" if pivot == 0 else "target"
+    held = " and ".join(s for s in ("valid", "test") if s not in given)
+    level["split"] = (
+        f"{held} held out of training, seeded (seed {c.split_seed}) by unique {side} sentence"
+    )
+    if given:
+        level["split"] += f"; {' and '.join(given)} from the files given"
     level["dropped"] = dict(sorted((k, v) for k, v in dropped.items() if v))
     return splits, level
 
 
+def _select(config: DataConfig, train: Any, streamed: bool, *, duplicates: bool) -> Selection:
+    """``train_split.select`` with the options that apply: ``max_words`` and ``train_size``
+    only where the training pairs are still a stream (make_splits applied them otherwise)."""
+    c = config
+    return select(
+        train,
+        max_words=c.max_words if streamed else None,
+        train_size=c.train_size if streamed else None,
+        seed=c.split_seed,
+        duplicates=duplicates,
+    )
+
+
 def raw_split(config: DataConfig, split: str) -> list[Pair]:
     """The pairs of one split exactly as ``prepare`` makes them, empty pairs dropped (what
-    `wtnmt evaluate --corpus` scores), without building a vocabulary."""
+    `wtnmt evaluate --corpus` scores), without building a vocabulary. Dev and test of a
+    source that has its own are read without reading the training pairs."""
     source = _source(config)
     splits, _ = make_splits(config, source.read(), source.pivot)
     if split not in splits:
         raise DataError(f"no split {split!r}: the splits are {', '.join(SPLITS)}")
+    if split == "train":
+        chosen = _select(config, splits[split], source.pivot is None, duplicates=False)
+        return [pair for chunk in kept_pairs(splits[split], chosen.keep) for pair in chunk]
     kept, _ = drop_empty_and_duplicates(splits[split], duplicates=False)
     return kept
 
@@ -210,84 +209,131 @@ def _reasons(dropped: Counter[str], corpus_level: dict[str, Any]) -> str:
     return ", ".join(f"{n:,} {reason.replace('_', ' ')}" for reason, n in counts.items() if n)
 
 
+class _Clock:
+    """Seconds of each step of a build."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self.last = time.perf_counter()
+
+    def lap(self, name: str) -> float:
+        now = time.perf_counter()
+        self.laps[name], self.last = round(now - self.last, 2), now
+        return self.laps[name]
+
+
+def _corpus_level(selection: Selection) -> dict[str, Any]:
+    """What make_splits reports for a source with its own splits, from pass 1's counts."""
+    if selection.corpus_dropped is None:
+        return {}
+    drops = sorted((k, v) for k, v in selection.corpus_dropped.items() if v)
+    return {"pairs_read": selection.read, "dropped": dict(drops)}
+
+
 def _build(
     config: DataConfig,
-    raw: dict[str, list[Pair]],
+    raw: dict[str, Any],
     pivot: int | None,
     out: Path,
     log: Callable[[str], None],
+    workers: int,
 ) -> dict[str, Any]:
     c = config
-    raw, corpus_level = make_splits(config, raw, pivot)
+    clock = _Clock()
+    splits, corpus_level = make_splits(config, raw, pivot)
     if "split" in corpus_level:
         log(f"splits: {corpus_level['split']}")
-    read = {split: len(raw[split]) for split in SPLITS}
+    train = splits["train"]
+    selection = _select(config, train, pivot is None, duplicates=c.drop_duplicates)
+    log(f"read {selection.read:,} training pairs, {selection.kept:,} kept ({clock.lap('read')} s)")
+    if pivot is None:
+        corpus_level = _corpus_level(selection)
+    read = {"train": selection.split}
     kept: dict[str, list[Pair]] = {}
-    dropped: dict[str, Counter[str]] = {}
-    for split in SPLITS:  # duplicates only matter in train; dev and test are scored as given
-        kept[split], dropped[split] = drop_empty_and_duplicates(
-            raw[split], duplicates=c.drop_duplicates and split == "train"
-        )
-    if not kept["train"]:
+    dropped: dict[str, Counter[str]] = {"train": selection.dropped}
+    for split in ("valid", "test"):  # dev and test are scored as given: no duplicates dropped
+        read[split] = len(splits[split])
+        kept[split], dropped[split] = drop_empty_and_duplicates(splits[split], duplicates=False)
+    if not selection.kept:
         raise DataError(
             f"no training pairs left: {read['train']:,} read, all dropped "
             f"({_reasons(dropped['train'], corpus_level)}); check the training files"
         )
+    sentences = 2 * selection.kept
     log(
         f"training the shared {c.spm_model_type} vocabulary ({c.vocab_size} pieces) on "
-        f"{len(kept['train']):,} pairs"
+        f"{selection.kept:,} pairs: a sample of {min(sentences, c.spm_max_sentences):,} of "
+        f"their {sentences:,} sentences (data.spm_max_sentences)"
     )
-    train_sentencepiece(
-        (s for pair in kept["train"] for s in pair),
-        out / "spm",
-        vocab_size=c.vocab_size,
-        model_type=c.spm_model_type,
-        character_coverage=c.character_coverage,
-        seed=c.spm_seed,
-        max_sentences=c.spm_max_sentences,
-    )
+    train_vocabulary(train, selection, out / "spm", c, threads=workers)
     vocab = Vocabulary(out / "spm.model")
-    splits: dict[str, Any] = {}
-    truncated: dict[str, int] = {}
-    for split in SPLITS:
+    log(
+        f"vocabulary trained ({clock.lap('vocabulary')} s); encoding {selection.kept:,} "
+        f"training pairs on {workers} worker{'s' if workers > 1 else ''}"
+    )
+    encoded = encode(
+        train,
+        selection,
+        out,
+        model=out / "spm.model",
+        vocab_size=len(vocab),
+        max_tokens=c.max_tokens_per_side,
+        max_ratio=c.max_length_ratio,
+        workers=workers,
+    )
+    clock.lap("encode")
+    dropped["train"].update(encoded["dropped"])
+    if not encoded["kept"]:
+        raise DataError(
+            f"no training pairs left: {read['train']:,} read, all dropped "
+            f"({_reasons(dropped['train'], corpus_level)}); see data.max_tokens_per_side "
+            f"and data.max_length_ratio"
+        )
+    stats = {
+        "train": split_stats(
+            read["train"],
+            encoded["kept"],
+            dropped["train"],
+            encoded["tokens_src"],
+            encoded["tokens_tgt"],
+        )
+    }
+    for split in ("valid", "test"):
+        # dev and test are kept whole as text (scored as given); their ids are cut to
+        # max_tokens_per_side, as `wtnmt translate` cuts an over-long line, so that
+        # validation never needs more positions than the model has
         pairs = kept[split]
         src_ids = vocab.encode([p[0] for p in pairs])
         tgt_ids = vocab.encode([p[1] for p in pairs])
-        if split == "train":
-            keep, long_drops = length_filter(
-                [len(s) for s in src_ids],
-                [len(t) for t in tgt_ids],
-                max_tokens=c.max_tokens_per_side,
-                max_ratio=c.max_length_ratio,
-            )
-            dropped[split].update(long_drops)
-            if not keep:
-                raise DataError(
-                    f"no training pairs left: {read['train']:,} read, all dropped "
-                    f"({_reasons(dropped['train'], corpus_level)}); see data.max_tokens_per_side "
-                    f"and data.max_length_ratio"
-                )
-            pairs = [pairs[i] for i in keep]
-            src_ids, tgt_ids = [src_ids[i] for i in keep], [tgt_ids[i] for i in keep]
-        else:  # dev and test are kept whole as text (scored as given); their ids are cut to
-            # max_tokens_per_side, as `wtnmt translate` cuts an over-long line, so that
-            # validation never needs more positions than the model has
-            cap = c.max_tokens_per_side
-            long = sum(len(s) > cap or len(t) > cap for s, t in zip(src_ids, tgt_ids, strict=True))
-            if long:
-                truncated[split] = long
-                log(f"{split}: {long} pairs over {cap} pieces a side, their ids cut to {cap}")
-            src_ids, tgt_ids = [s[:cap] for s in src_ids], [t[:cap] for t in tgt_ids]
+        cap = c.max_tokens_per_side
+        long = sum(len(s) > cap or len(t) > cap for s, t in zip(src_ids, tgt_ids, strict=True))
+        if long:
+            log(f"{split}: {long} pairs over {cap} pieces a side, their ids cut to {cap}")
+        src_ids, tgt_ids = [s[:cap] for s in src_ids], [t[:cap] for t in tgt_ids]
         write_ids(out / f"{split}.src", src_ids, len(vocab))
         write_ids(out / f"{split}.tgt", tgt_ids, len(vocab))
-        if split != "train":
-            for lang, side in ((c.src_lang, 0), (c.tgt_lang, 1)):
-                text = "".join(p[side] + "\n" for p in pairs)
-                (out / f"{split}.{lang}").write_text(text, encoding="utf-8")
-        splits[split] = _split_stats(pairs, (src_ids, tgt_ids), read[split], dropped[split])
-        if split in truncated:
-            splits[split]["ids_truncated"] = truncated[split]
-    return {"corpus": corpus_level, "vocab_size": len(vocab), "splits": splits}
+        for lang, side in ((c.src_lang, 0), (c.tgt_lang, 1)):
+            text = "".join(p[side] + "\n" for p in pairs)
+            (out / f"{split}.{lang}").write_text(text, encoding="utf-8")
+        tokens = (sum(map(len, src_ids)), sum(map(len, tgt_ids)))
+        stats[split] = split_stats(read[split], len(pairs), dropped[split], *tokens)
+        if long:
+            stats[split]["ids_truncated"] = long
+    clock.lap("dev_test")
+    return {
+        "corpus": corpus_level,
+        "vocab_size": len(vocab),
+        "splits": stats,
+        "seconds_by_step": clock.laps,
+    }
+
+
+def default_workers() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def prepare(
@@ -296,8 +342,12 @@ def prepare(
     *,
     log: Callable[[str], None] = print,
     force: bool = False,
+    workers: int | None = None,
 ) -> dict[str, Any]:
-    """Build (or reuse) the prepared directory ``out`` for ``config``; returns the summary."""
+    """Build (or reuse) the prepared directory ``out`` for ``config``; returns the summary.
+    ``workers``: processes that encode the training pairs (default: one a core); the output
+    is the same for any number."""
+    workers = workers or default_workers()
     out = Path(out).resolve()  # `--out .` names the working directory, not an empty name
     check_output_directory(out)
     start = time.perf_counter()
@@ -314,7 +364,7 @@ def prepare(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        summary = _build(config, raw, source.pivot, tmp, log)
+        summary = _build(config, raw, source.pivot, tmp, log, workers)
         summary.update(
             {
                 "source": config.corpus or "files",
@@ -334,47 +384,3 @@ def prepare(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return summary
-
-
-def format_summary(summary: dict[str, Any]) -> str:
-    """The summary as the table `wtnmt prepare` prints."""
-    reasons = sorted({r for s in summary["splits"].values() for r in s["dropped"]})
-    head = ["split", "read", "kept", *reasons, "src tokens", "tgt tokens", "avg src", "avg tgt"]
-    rows = [head]
-    for name, s in summary["splits"].items():
-        rows.append(
-            [
-                name,
-                f"{s['pairs_read']:,}",
-                f"{s['pairs_kept']:,}",
-                *(f"{s['dropped'].get(r, 0):,}" for r in reasons),
-                f"{s['tokens_src']:,}",
-                f"{s['tokens_tgt']:,}",
-                f"{s['avg_len_src']:.1f}",
-                f"{s['avg_len_tgt']:.1f}",
-            ]
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    lines = [
-        "  ".join(
-            cell.rjust(w) if i else cell.ljust(w)
-            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-        )
-        for row in rows
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    corpus = summary.get("corpus") or {}
-    out = []
-    if corpus:
-        drops = ", ".join(f"{k} {v:,}" for k, v in corpus.get("dropped", {}).items())
-        out.append(
-            f"corpus: {corpus['pairs_read']:,} pairs read; {corpus['split']}"
-            + (f"; dropped before splitting: {drops}" if drops else "")
-        )
-    out += lines
-    out.append(
-        f"vocabulary: {summary['vocab_size']:,} shared pieces   "
-        f"({summary['src_lang']}→{summary['tgt_lang']}, {summary['seconds']} s)"
-    )
-    out.append(f"data: {summary['attribution']}")
-    return "\n".join(out)

@@ -6,9 +6,14 @@ Special ids are fixed for every model (see ``wtnmt.special``): 0 <pad>, 1 <s>, 2
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Iterable, Sequence
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import TextIO
 
 import sentencepiece as spm
 
@@ -25,8 +30,13 @@ def train_sentencepiece(
     character_coverage: float,
     seed: int,
     max_sentences: int,
+    threads: int = 2,
+    verbose: bool = False,
 ) -> Path:
-    """Train on ``sentences`` (both languages' training side) → ``<prefix>.model``."""
+    """Train on ``sentences`` (both languages' training side) → ``<prefix>.model``: on a
+    seeded sample of ``max_sentences`` of them where there are more (SentencePiece's reservoir
+    sampling, which holds the sample, never the whole stream). ``verbose``: SentencePiece
+    logs its steps on stderr (``stderr_lines`` reads them)."""
     spm.set_random_generator_seed(seed)  # the sentence sample below is drawn from it
     try:
         spm.SentencePieceTrainer.train(
@@ -45,8 +55,8 @@ def train_sentencepiece(
             unk_piece="<unk>",
             input_sentence_size=max_sentences,
             shuffle_input_sentence=True,
-            num_threads=2,
-            minloglevel=2,
+            num_threads=threads,
+            minloglevel=0 if verbose else 2,
         )
     except RuntimeError as e:
         raise DataError(
@@ -54,6 +64,34 @@ def train_sentencepiece(
             f"training data ({e}); lower data.vocab_size (--vocab-size)"
         ) from None
     return model_prefix.with_suffix(".model")
+
+
+@contextlib.contextmanager
+def stderr_lines(on_line: Callable[[bytes], None]) -> Iterator[TextIO]:
+    """File descriptor 2, where SentencePiece's C++ code logs, read line by line into
+    ``on_line`` by a thread; yields a file on what fd 2 was before (the terminal), for what
+    should still reach it meanwhile (progress bars)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+    def forward() -> None:
+        with os.fdopen(read_end, "rb") as lines:
+            for line in lines:
+                on_line(line)
+
+    reader = threading.Thread(target=forward, daemon=True)
+    reader.start()
+    terminal = os.fdopen(os.dup(saved), "w")
+    try:
+        yield terminal
+    finally:
+        os.dup2(saved, 2)  # the pipe's last writer closed: the reader reaches its end
+        os.close(saved)
+        reader.join()
+        terminal.close()
 
 
 def vocabulary_sha256(path: str | Path) -> str:
