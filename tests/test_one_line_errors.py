@@ -241,3 +241,16 @@ def test_evaluating_empty_files_is_one_line(run_dir, tmp_path, capsys):
     ]
     assert cli(args) == 2
     one_line(capsys, "evaluate", "no lines to evaluate")
+
+
+def test_prepare_workers_and_vocabulary_sample_out_of_range_are_one_line(tmp_path, capsys):
+    src, tgt = tmp_path / "a.xx", tmp_path / "a.yy"
+    src.write_text("alpha\n")
+    tgt.write_text("AHPLA\n")
+    args = ["prepare", "--src", str(src), "--tgt", str(tgt), "--src-lang", "xx"]
+    args += ["--tgt-lang", "yy", "--out", str(tmp_path / "p")]
+    assert cli([*args, "--workers", "0"]) == 2
+    one_line(capsys, "prepare", "--workers 0: must be at least 1")
+    assert cli([*args, "--vocab-sample", "0"]) == 2
+    one_line(capsys, "prepare", "data.spm_max_sentences")
+    assert not (tmp_path / "p").exists()
