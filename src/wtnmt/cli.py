@@ -336,7 +336,37 @@ def _add_experiment(commands: argparse._SubParsersAction) -> None:
         help="only the runs whose name (e.g. weighted-s2) matches PATTERN (shell-style, "
         "e.g. 'transformer-*'; repeatable); the report is written once all runs are done",
     )
+    p.add_argument(
+        "--stop-after",
+        type=float,
+        metavar="SECONDS",
+        help="after SECONDS, pause the runs still training at a checkpoint and start no "
+        "other (a job with a time limit); the next call goes on",
+    )
+    p.add_argument(
+        "--pack",
+        metavar="DIR",
+        help="then write the runs' small results (config, metrics, scores, eval/; no weights) "
+        "into DIR/results-NN.tar.gz, to carry off the machine; `tar xzf` puts them back",
+    )
+    p.add_argument(
+        "--pack-size", type=_size, default="16M", metavar="BYTES", help="per archive (16M)"
+    )
+    p.add_argument("--pack-files", type=int, default=8, metavar="N", help="archives at most (8)")
     p.set_defaults(func=cmd_experiment)
+
+
+def _size(text: str) -> int:
+    """Bytes, with an optional K, M or G (powers of 1024)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    number, unit = (text[:-1], units[text[-1].upper()]) if text[-1:].upper() in units else (text, 1)
+    try:
+        value = int(float(number) * unit)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size such as 16M or 500000") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

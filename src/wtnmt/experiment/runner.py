@@ -217,10 +217,17 @@ def _last_line(run_dir: Path) -> str:
 
 
 def run_grid(  # type: ignore[no-untyped-def]
-    grid: Grid, *, dry_run: bool = False, say=print, progress_every: float = 60.0
+    grid: Grid,
+    *,
+    dry_run: bool = False,
+    say=print,
+    progress_every: float = 60.0,
+    stop_after: float | None = None,
 ) -> dict[str, str]:
-    """Every run's outcome: done, busy, finished, failed (with the log's last line); a line
-    of the running runs' steps every ``progress_every`` seconds."""
+    """Every run's outcome: done, busy, finished, paused, failed (with the log's last line);
+    a line of the running runs' steps every ``progress_every`` seconds. ``stop_after``
+    seconds from now, the runs still training are stopped at a checkpoint ("paused") and no
+    other starts: the next call resumes them."""
     tasks = []
     outcome: dict[str, str] = {}
     for spec in grid.runs:
@@ -242,9 +249,12 @@ def run_grid(  # type: ignore[no-untyped-def]
         say(f"  {task.spec.name}: {task.what}")
     if dry_run:
         return {**outcome, **{t.spec.name: t.what for t in tasks}}
+    deadline = None if stop_after is None else time.perf_counter() + stop_after
     _prepare_data(grid, tasks, say)
     with _signals_interrupt():
-        return _run_tasks(grid, tasks, outcome, say=say, progress_every=progress_every)
+        return _run_tasks(
+            grid, tasks, outcome, say=say, progress_every=progress_every, deadline=deadline
+        )
 
 
 @contextlib.contextmanager
@@ -267,14 +277,40 @@ def _signals_interrupt():  # type: ignore[no-untyped-def]
             signal.signal(s, handler)
 
 
+def _stop(running: dict[str, Any]) -> None:
+    """Each running run saves a checkpoint at its next update and exits."""
+    for _, proc in running.values():
+        proc.send_signal(signal.SIGINT)
+    for _, proc in running.values():
+        proc.wait()
+
+
 def _run_tasks(  # type: ignore[no-untyped-def]
-    grid: Grid, tasks: list[Task], outcome: dict[str, str], *, say, progress_every: float
+    grid: Grid,
+    tasks: list[Task],
+    outcome: dict[str, str],
+    *,
+    say,
+    progress_every: float,
+    deadline: float | None = None,
 ) -> dict[str, str]:
     pending, running = list(tasks), {}
     started: dict[str, float] = {}
     shown = time.perf_counter()
     try:
         while pending or running:
+            if deadline is not None and time.perf_counter() >= deadline:
+                _stop(running)
+                for name in running:
+                    outcome[name] = "paused"
+                for task in pending:
+                    outcome[task.spec.name] = "paused"
+                say(
+                    f"[{time.strftime('%H:%M:%S')}] stopped as asked (--stop-after): "
+                    f"{len(running)} run(s) paused at a checkpoint, {len(pending)} not started; "
+                    f"run `wtnmt experiment {grid.path}` again to go on"
+                )
+                return outcome
             if running and time.perf_counter() - shown >= progress_every:
                 shown = time.perf_counter()
                 progress = ", ".join(_progress(task.spec) for task, _ in running.values())
@@ -306,10 +342,7 @@ def _run_tasks(  # type: ignore[no-untyped-def]
                         f"{_last_line(task.spec.run_dir)}; log: {task.spec.run_dir}/experiment.log"
                     )
     except KeyboardInterrupt:
-        for _, proc in running.values():  # each run saves a checkpoint at its next update
-            proc.send_signal(signal.SIGINT)
-        for _, proc in running.values():
-            proc.wait()
+        _stop(running)
         say(f"interrupted: run `wtnmt experiment {grid.path}` again to resume")
         raise
     return outcome

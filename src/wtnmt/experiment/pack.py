@@ -1,0 +1,109 @@
+"""`wtnmt experiment FILE --pack DIR`: a grid's small results in a few archives of bounded
+size, to carry off a machine that keeps the weights (a rented GPU, a cluster's scratch disk).
+
+Each run directory of the grid gives what is committed of it: ``config.yaml``,
+``finished.json``, ``scores.json``, ``metrics.jsonl`` and ``eval/`` (scores and decodings);
+never weights. The files are laid greedily into ``results-01.tar.gz``, ``results-02.tar.gz``,
+…, each at most ``max_bytes``, at most ``max_files`` of them, paths as the grid names them
+(``tar xzf`` in the same working directory puts every file back where it was). What cannot fit
+is refused before anything is written, naming the largest file and the room asked.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import re
+import tarfile
+from pathlib import Path
+
+from wtnmt.config import ConfigError
+from wtnmt.experiment.grid import Grid
+
+RESULT_FILES = ("config.yaml", "finished.json", "scores.json", "metrics.jsonl")
+_ENTRY = 1024  # a tar header and padding, and a margin for gzip's framing
+_ARCHIVE = re.compile(r"results-\d{2,}\.tar\.gz")
+
+
+def result_files(grid: Grid) -> list[Path]:
+    """The small results of every run of ``grid`` that exists, in the grid's order."""
+    found: list[Path] = []
+    for spec in grid.runs:
+        found += [spec.run_dir / name for name in RESULT_FILES if (spec.run_dir / name).is_file()]
+        evaluated = spec.run_dir / "eval"
+        if evaluated.is_dir():
+            found += sorted(p for p in evaluated.iterdir() if p.is_file())
+    return found
+
+
+def _name(path: Path) -> str:
+    """The path an archive gives ``path``: as from the working directory, so that extracting
+    there puts it back (a path outside it keeps its full form, less the leading /)."""
+    relative = os.path.relpath(path)
+    return str(path).lstrip("/") if relative.startswith("..") else relative
+
+
+def _compressed_size(path: Path) -> int:
+    return len(gzip.compress(path.read_bytes(), compresslevel=6)) + _ENTRY
+
+
+def plan_archives(files: list[Path], *, max_bytes: int, max_files: int) -> list[list[Path]]:
+    """``files`` in groups whose compressed size (estimated file by file) fits ``max_bytes``;
+    a ConfigError if one file alone, or all of them in ``max_files`` groups, do not fit."""
+    groups: list[list[Path]] = [[]]
+    room = max_bytes - _ENTRY
+    for path in files:
+        size = _compressed_size(path)
+        if size > max_bytes - _ENTRY:
+            raise ConfigError(
+                f"--pack: {path} compresses to {size:,} bytes, over the {max_bytes:,} an "
+                f"archive may hold (--pack-size)"
+            )
+        if size > room:
+            groups.append([])
+            room = max_bytes - _ENTRY
+        groups[-1].append(path)
+        room -= size
+    if len(groups) > max_files:
+        raise ConfigError(
+            f"--pack: the results need {len(groups)} archives of {max_bytes:,} bytes, more "
+            f"than --pack-files {max_files}; pack fewer runs (--only) or allow more"
+        )
+    return [g for g in groups if g]
+
+
+def pack_results(grid: Grid, out: Path, *, max_bytes: int, max_files: int) -> list[Path]:
+    """Write the archives of ``grid``'s results into ``out`` (made if needed; archives of an
+    earlier pack there are replaced, nothing else); returns their paths."""
+    groups = plan_archives(result_files(grid), max_bytes=max_bytes, max_files=max_files)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--pack {out}: is a file; --pack names a directory")
+    if out.is_dir():
+        others = sorted(p.name for p in out.iterdir() if not _ARCHIVE.fullmatch(p.name))
+        if others:
+            raise ConfigError(
+                f"--pack {out}: holds {others[0]!r}, not an archive of ours; give a new or "
+                f"empty directory (an earlier pack's results-NN.tar.gz are replaced)"
+            )
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.iterdir():
+        old.unlink()
+    written = []
+    for i, group in enumerate(groups, start=1):
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as tar:
+            for path in group:
+                tar.add(path, arcname=_name(path), recursive=False)
+        data = buffer.getvalue()
+        if len(data) > max_bytes:  # the estimate is per file; the archive is checked whole
+            raise ConfigError(
+                f"--pack: archive {i} came to {len(data):,} bytes, over {max_bytes:,}"
+            )
+        path = out / f"results-{i:02d}.tar.gz"
+        path.write_bytes(data)
+        written.append(path)
+    return written
+
+
+__all__ = ["RESULT_FILES", "pack_results", "plan_archives", "result_files"]

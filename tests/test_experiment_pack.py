@@ -1,0 +1,101 @@
+"""A grid worked in time-boxed calls (`--stop-after`) and its results carried off in archives
+of bounded size (`--pack`): the planning and the packing, on the CPU with tiny runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from test_experiment import write_grid
+from wtnmt.cli import main
+from wtnmt.config import ConfigError
+from wtnmt.experiment import load_grid
+from wtnmt.experiment.pack import RESULT_FILES, pack_results, plan_archives, result_files
+
+
+def fake_results(tmp: Path, sizes: dict[str, int]) -> Path:
+    """A grid whose runs have small results on disk (``sizes``: bytes of each run's one
+    incompressible decoding), and weights that must stay behind."""
+    path = write_grid(tmp, runs=[{"name": "w", "preset": "weighted-tiny"}], seeds=[1, 2, 3])
+    for spec, size in zip(load_grid(path).runs, sizes.values(), strict=True):
+        (spec.run_dir / "eval").mkdir(parents=True)
+        for name in RESULT_FILES:
+            (spec.run_dir / name).write_text(json.dumps({"run": spec.name}))
+        (spec.run_dir / "eval" / "test.beam5.hyp").write_bytes(os.urandom(size))
+        (spec.run_dir / "model.safetensors").write_bytes(b"weights")
+        (spec.run_dir / "checkpoints").mkdir()
+    return path
+
+
+def unpack(archives: list[Path], into: Path) -> dict[str, bytes]:
+    files = {}
+    for archive in archives:
+        with tarfile.open(archive) as tar:
+            for member in tar.getmembers():
+                data = tar.extractfile(member).read()  # type: ignore[union-attr]
+                files[member.name] = data
+    return files
+
+
+def test_results_are_packed_whole_within_the_size_and_count_asked(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = fake_results(Path("."), {"s1": 40_000, "s2": 40_000, "s3": 30_000})
+    grid = load_grid(path)
+    files = result_files(grid)
+    assert len(files) == 3 * 5 and not any("safetensors" in f.name for f in files)
+    archives = pack_results(grid, Path("out"), max_bytes=60_000, max_files=8)
+    assert len(archives) == 3  # 40 kB of noise each, two never fit one archive of 60 kB
+    assert all(a.stat().st_size <= 60_000 for a in archives)
+    packed = unpack(archives, tmp_path)
+    assert packed == {os.path.relpath(f): f.read_bytes() for f in files}  # paths as the grid's
+    # again into the same directory: the earlier archives are replaced, not added to
+    again = pack_results(grid, Path("out"), max_bytes=200_000, max_files=8)
+    assert (
+        [a.name for a in Path("out").iterdir()] == ["results-01.tar.gz"] == [a.name for a in again]
+    )
+
+
+def test_what_cannot_fit_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    grid = load_grid(fake_results(Path("."), {"s1": 40_000, "s2": 40_000, "s3": 30_000}))
+    with pytest.raises(
+        ConfigError, match="need 3 archives of 60,000 bytes, more than --pack-files 2"
+    ):
+        pack_results(grid, Path("out"), max_bytes=60_000, max_files=2)
+    with pytest.raises(
+        ConfigError, match=r"test.beam5.hyp compresses to 4\d,\d{3} bytes, over the"
+    ):
+        plan_archives(result_files(grid), max_bytes=30_000, max_files=8)
+    assert not Path("out").exists()
+    Path("mine").mkdir()
+    (Path("mine") / "notes.txt").write_text("the user's")
+    with pytest.raises(ConfigError, match=r"holds 'notes\.txt', not an archive of ours"):
+        pack_results(grid, Path("mine"), max_bytes=60_000, max_files=8)
+    assert (Path("mine") / "notes.txt").read_text() == "the user's"
+
+
+@pytest.mark.slow
+def test_time_boxed_calls_pause_resume_finish_and_pack(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = write_grid(Path("."), budget={"max_steps": 3000}, seeds=[1], analyze=False)
+    assert main(["experiment", str(path), "--stop-after", "8", "--pack", "out"]) == 0
+    err = capsys.readouterr().err
+    assert "stopped as asked (--stop-after): 1 run(s) paused at a checkpoint" in err
+    assert "packed the results of" in err
+    run = load_grid(path).runs[0].run_dir
+    assert not (run / "finished.json").exists()
+    packed = unpack(sorted(Path("out").glob("results-*.tar.gz")), tmp_path)
+    assert os.path.relpath(run / "metrics.jsonl") in packed
+    assert main(["experiment", str(path), "--dry-run"]) == 0
+    assert "0 to train, 1 to resume" in capsys.readouterr().err
+    assert main(["experiment", str(path), "--pack", "out"]) == 0  # the rest, then scored
+    assert "resumed from step_" in (run / "train.log").read_text()
+    packed = unpack(sorted(Path("out").glob("results-*.tar.gz")), tmp_path)
+    for name in ("finished.json", "scores.json"):
+        assert packed[os.path.relpath(run / name)] == (run / name).read_bytes()
+    assert main(["experiment", str(path), "--stop-after", "0"]) == 2
+    assert "--stop-after 0: must be more than 0 seconds" in capsys.readouterr().err
