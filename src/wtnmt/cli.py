@@ -7,6 +7,14 @@ import argparse
 import sys
 from typing import NoReturn
 
+from wtnmt.cli_args import (
+    add_engine,
+    add_length_penalty,
+    add_quantize,
+    at_least_one,
+    positive_number,
+    size,
+)
 from wtnmt.commands import (
     cmd_analyze,
     cmd_average,
@@ -27,47 +35,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def _at_least_one(text: str) -> int:
-    """An argparse type: an integer of at least 1 (beam sizes, samples, threads)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
-    return value
-
-
-def _positive_number(text: str) -> float:
-    """An argparse type: a finite number above 0 (minutes of a budget)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (value > 0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"{text}: must be a finite number above 0")
-    return value
-
-
-def _add_quantize(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--quantize",
-        default="none",
-        choices=["none", "int8"],
-        help="int8: decode with int8 linear layers (CPU; faster, approximate; default none)",
-    )
-
-
-def _add_engine(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--engine",
-        default="pytorch",
-        choices=["pytorch", "onnxruntime"],
-        help="what runs the network: PyTorch, or ONNX Runtime on the run's ONNX export "
-        "(RUN/onnx, made on first use; CPU; pip install 'wtnmt[onnx]'; default pytorch)",
-    )
 
 
 def _add_export(commands: argparse._SubParsersAction) -> None:
@@ -181,6 +148,7 @@ def _add_translate(commands: argparse._SubParsersAction) -> None:
         help="write the N best of each sentence as N lines 'i ||| translation ||| score' "
         "(i counts sentences from 0; default: the run's decode.nbest)",
     )
+    add_length_penalty(p)
     p.add_argument(
         "--chunk", type=int, default=2000, help="most lines translated together (default 2000)"
     )
@@ -194,8 +162,8 @@ def _add_translate(commands: argparse._SubParsersAction) -> None:
         help="decode on N processes, each searching whole batches on its share of --threads "
         "(CPU; faster on many sentences, seconds to start; default 1: in this process)",
     )
-    _add_quantize(p)
-    _add_engine(p)
+    add_quantize(p)
+    add_engine(p)
     p.set_defaults(func=cmd_translate)
 
 
@@ -211,13 +179,14 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--split", default="test", choices=["train", "valid", "test"])
     p.add_argument("--src")
     p.add_argument("--ref")
-    p.add_argument("--beam", type=_at_least_one)
+    p.add_argument("--beam", type=at_least_one)
+    add_length_penalty(p)
     p.add_argument(
         "--compare",
         metavar="OTHER_RUN",
         help="also translate with OTHER_RUN and test the difference (bootstrap)",
     )
-    p.add_argument("--samples", type=_at_least_one, default=1000, help="bootstrap samples")
+    p.add_argument("--samples", type=at_least_one, default=1000, help="bootstrap samples")
     p.add_argument(
         "--branch-weights",
         dest="branch_weights",
@@ -227,8 +196,8 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of --branch-weights random")
     p.add_argument("--device", default="cpu")
-    _add_quantize(p)
-    _add_engine(p)
+    add_quantize(p)
+    add_engine(p)
     p.set_defaults(func=cmd_evaluate)
 
 
@@ -241,12 +210,12 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--minutes",
-        type=_positive_number,
+        type=positive_number,
         default=12.0,
         help="minutes of training (default 12: with data and evaluation, under 15 on a 2-core CPU)",
     )
     p.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
-    p.add_argument("--threads", type=_at_least_one, default=2, help="CPU threads (default 2)")
+    p.add_argument("--threads", type=at_least_one, default=2, help="CPU threads (default 2)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted demo run")
     p.add_argument(
         "--set",
@@ -269,8 +238,8 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         "serve extra: pip install 'wtnmt[serve]'.",
     )
     add_serve_arguments(p)
-    _add_quantize(p)
-    _add_engine(p)
+    add_quantize(p)
+    add_engine(p)
     p.set_defaults(func=cmd_serve)
 
 
@@ -350,23 +319,10 @@ def _add_experiment(commands: argparse._SubParsersAction) -> None:
         "into DIR/results-NN.tar.gz, to carry off the machine; `tar xzf` puts them back",
     )
     p.add_argument(
-        "--pack-size", type=_size, default="16M", metavar="BYTES", help="per archive (16M)"
+        "--pack-size", type=size, default="16M", metavar="BYTES", help="per archive (16M)"
     )
     p.add_argument("--pack-files", type=int, default=8, metavar="N", help="archives at most (8)")
     p.set_defaults(func=cmd_experiment)
-
-
-def _size(text: str) -> int:
-    """Bytes, with an optional K, M or G (powers of 1024)."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    number, unit = (text[:-1], units[text[-1].upper()]) if text[-1:].upper() in units else (text, 1)
-    try:
-        value = int(float(number) * unit)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: a size such as 16M or 500000") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -132,6 +132,23 @@ def nbest_lines(index: int, options, n: int) -> list[str]:  # type: ignore[no-un
     return lines + [f"{index} |||  ||| -inf"] * (n - len(lines))
 
 
+def _length_penalty(translator, args: argparse.Namespace) -> bool:  # type: ignore[no-untyped-def]
+    """--lenpen and --lenpen-form in place of the run's decode settings (checked as a config
+    is); whether either was given."""
+    changes = {
+        key: value
+        for key, value in (
+            ("length_penalty", args.lenpen),
+            ("length_penalty_form", args.lenpen_form),
+        )
+        if value is not None
+    }
+    if changes:
+        decode = dataclasses.replace(translator.config.decode, **changes)
+        translator.config = dataclasses.replace(translator.config, decode=decode)
+    return bool(changes)
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
     from wtnmt.data.io import stream_lines
     from wtnmt.runtime import check_device, check_engine, check_quantize, tune_cpu_allocator
@@ -165,6 +182,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     translator = Translator.load(
         args.run_dir, device=args.device, quantize=args.quantize, engine=args.engine
     )
+    _length_penalty(translator, args)
     beam = args.beam or translator.config.decode.beam
     nbest = args.nbest or translator.config.decode.nbest
     if nbest > beam:
@@ -255,6 +273,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         name += f".{args.quantize}"
     if args.engine != "pytorch":
         name += f".{args.engine}"
+    if _length_penalty(translator, args):
+        d = translator.config.decode
+        name += f".lenpen{d.length_penalty:g}-{d.length_penalty_form}"
     beam = args.beam or translator.config.decode.beam
     print(f"translating {len(src):,} sentences with beam {beam}", file=sys.stderr)
     hyps = translator.translate(src, beam=args.beam)
@@ -263,6 +284,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     scores["branch_weights"] = args.branch_weights
     scores["quantize"] = args.quantize
     scores["engine"] = args.engine
+    d = translator.config.decode
+    scores["length_penalty"] = {"alpha": d.length_penalty, "form": d.length_penalty_form}
     out = Path(args.run_dir) / "eval"
     out.mkdir(exist_ok=True)
     (out / f"{name}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
@@ -344,63 +367,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
-    from wtnmt.errors import TrainingError
-    from wtnmt.experiment import load_grid, only_runs, plan_task, run_grid
+    from wtnmt.experiment.command import cmd_experiment as run
 
-    grid = load_grid(args.grid)
-    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    everything = grid
-    if args.only:
-        grid = only_runs(grid, args.only)
-    if args.stop_after is not None and args.stop_after <= 0:
-        raise ConfigError(f"--stop-after {args.stop_after:g}: must be more than 0 seconds")
-    if args.pack_files < 1:
-        raise ConfigError(f"--pack-files {args.pack_files}: must be at least 1")
-    outcome = run_grid(grid, dry_run=args.dry_run, say=say, stop_after=args.stop_after)
-    if args.dry_run:
-        return 0
-    if args.pack is not None:
-        from wtnmt.experiment.pack import pack_results
-
-        archives = pack_results(
-            everything, Path(args.pack), max_bytes=args.pack_size, max_files=args.pack_files
-        )
-        sizes = ", ".join(f"{a.name} {a.stat().st_size / 2**20:.1f} MiB" for a in archives)
-        say(f"packed the results of {everything.path} into {args.pack}: {sizes or 'nothing'}")
-    failed = {k: v for k, v in outcome.items() if v.startswith("failed")}
-    stopped = {"interrupted", "paused"} & set(outcome.values())  # nothing whole to analyze
-    if "interrupted" in stopped and not failed:  # stopped from outside
-        say(f"some runs were interrupted: run `wtnmt experiment {grid.path}` again to resume")
-        return 130
-    if stopped and not failed:
-        return 0  # paused as asked (--stop-after): the next call goes on
-    if grid is not everything and any(plan_task(s, everything) for s in everything.runs):
-        say("the grid's other runs are not done: its report waits for them")
-        grid = dataclasses.replace(grid, analyze=None)
-    if stopped:
-        grid = dataclasses.replace(grid, analyze=None)
-    if grid.analyze is not None:
-        from wtnmt.analysis.report import analyze
-
-        runs = [s.run_dir for s in grid.runs if s.run_dir.joinpath("metrics.jsonl").is_file()]
-        if runs:
-            a = grid.analyze
-            analyze(
-                runs,
-                a.get("out", grid.out / f"report-{grid.path.stem}"),
-                target_bleu=a.get("target_bleu"),
-                window=a.get("smooth", 1),
-                random_seeds=a.get("random_seeds", 3),
-                sentence=a.get("attention_sentence", 0),
-                decode=a.get("decode", True),
-                say=say,
-            )
-    if failed:
-        raise TrainingError(
-            f"{len(failed)} of {len(outcome)} runs failed ({', '.join(failed)}); their logs "
-            f"are experiment.log in each run directory"
-        )
-    return 0
+    return run(args)
 
 
 def cmd_average(args: argparse.Namespace) -> int:

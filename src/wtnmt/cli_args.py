@@ -1,0 +1,75 @@
+"""Argument types and the options several commands share, for wtnmt/cli.py."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def at_least_one(text: str) -> int:
+    """An argparse type: an integer of at least 1 (beam sizes, samples, threads)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
+    return value
+
+
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number above 0 (minutes of a budget)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"{text}: must be a finite number above 0")
+    return value
+
+
+def add_quantize(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--quantize",
+        default="none",
+        choices=["none", "int8"],
+        help="int8: decode with int8 linear layers (CPU; faster, approximate; default none)",
+    )
+
+
+def add_engine(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--engine",
+        default="pytorch",
+        choices=["pytorch", "onnxruntime"],
+        help="what runs the network: PyTorch, or ONNX Runtime on the run's ONNX export "
+        "(RUN/onnx, made on first use; CPU; pip install 'wtnmt[onnx]'; default pytorch)",
+    )
+
+
+def add_length_penalty(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--lenpen",
+        type=float,
+        metavar="ALPHA",
+        help="length penalty α of the beam's ranking (default: the run's "
+        "decode.length_penalty; 0: no normalization)",
+    )
+    p.add_argument(
+        "--lenpen-form",
+        choices=["gnmt", "fairseq"],
+        help="((5 + |y|) / 6)^α (gnmt) or |y|^α (fairseq) (default: the run's "
+        "decode.length_penalty_form)",
+    )
+
+
+def size(text: str) -> int:
+    """Bytes, with an optional K, M or G (powers of 1024)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    number, unit = (text[:-1], units[text[-1].upper()]) if text[-1:].upper() in units else (text, 1)
+    try:
+        value = int(float(number) * unit)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size such as 16M or 500000") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0")
+    return value

@@ -1,0 +1,71 @@
+"""What `wtnmt experiment` does with its command line: the runner, the packing, the report
+(its parser is in wtnmt/cli.py, which must not import this package: it loads torch)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from wtnmt.config import ConfigError
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from wtnmt.errors import TrainingError
+    from wtnmt.experiment import load_grid, only_runs, plan_task, run_grid
+
+    grid = load_grid(args.grid)
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    everything = grid
+    if args.only:
+        grid = only_runs(grid, args.only)
+    if args.stop_after is not None and args.stop_after <= 0:
+        raise ConfigError(f"--stop-after {args.stop_after:g}: must be more than 0 seconds")
+    if args.pack_files < 1:
+        raise ConfigError(f"--pack-files {args.pack_files}: must be at least 1")
+    outcome = run_grid(grid, dry_run=args.dry_run, say=say, stop_after=args.stop_after)
+    if args.dry_run:
+        return 0
+    if args.pack is not None:
+        from wtnmt.experiment.pack import pack_results
+
+        archives = pack_results(
+            everything, Path(args.pack), max_bytes=args.pack_size, max_files=args.pack_files
+        )
+        sizes = ", ".join(f"{a.name} {a.stat().st_size / 2**20:.1f} MiB" for a in archives)
+        say(f"packed the results of {everything.path} into {args.pack}: {sizes or 'nothing'}")
+    failed = {k: v for k, v in outcome.items() if v.startswith("failed")}
+    stopped = {"interrupted", "paused"} & set(outcome.values())  # nothing whole to analyze
+    if "interrupted" in stopped and not failed:  # stopped from outside
+        say(f"some runs were interrupted: run `wtnmt experiment {grid.path}` again to resume")
+        return 130
+    if stopped and not failed:
+        return 0  # paused as asked (--stop-after): the next call goes on
+    if grid is not everything and any(plan_task(s, everything) for s in everything.runs):
+        say("the grid's other runs are not done: its report waits for them")
+        grid = dataclasses.replace(grid, analyze=None)
+    if stopped:
+        grid = dataclasses.replace(grid, analyze=None)
+    if grid.analyze is not None:
+        from wtnmt.analysis.report import analyze
+
+        runs = [s.run_dir for s in grid.runs if s.run_dir.joinpath("metrics.jsonl").is_file()]
+        if runs:
+            a = grid.analyze
+            analyze(
+                runs,
+                a.get("out", grid.out / f"report-{grid.path.stem}"),
+                target_bleu=a.get("target_bleu"),
+                window=a.get("smooth", 1),
+                random_seeds=a.get("random_seeds", 3),
+                sentence=a.get("attention_sentence", 0),
+                decode=a.get("decode", True),
+                say=say,
+            )
+    if failed:
+        raise TrainingError(
+            f"{len(failed)} of {len(outcome)} runs failed ({', '.join(failed)}); their logs "
+            f"are experiment.log in each run directory"
+        )
+    return 0
