@@ -68,3 +68,24 @@ def test_lenpen_options_reach_the_search_and_are_recorded(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli(["translate", str(run_dir), "--lenpen-form", "moses"])
     assert "invalid choice: 'moses'" in capsys.readouterr().err
+
+
+def test_evaluate_decodes_with_the_weights_named(tmp_path, capsys):
+    import shutil
+
+    run_dir = train_tiny(tmp_path)
+    src = tmp_path / "src.txt"
+    src.write_text("alpha beta\ngamma delta\n")
+    args = ["evaluate", str(run_dir), "--src", str(src), "--ref", str(src), "--beam", "2"]
+    assert cli(args) == 0
+    shutil.copy(run_dir / "model.safetensors", run_dir / "copy.safetensors")
+    assert cli([*args, "--weights", "copy.safetensors"]) == 0
+    same = (run_dir / "eval" / "src.copy.hyp").read_text()
+    assert same == (run_dir / "eval" / "src.hyp").read_text()
+    assert json.loads((run_dir / "scores.json").read_text())["weights"] == "copy.safetensors"
+    capsys.readouterr()
+    assert cli([*args, "--weights", "../model.safetensors"]) == 2
+    assert "a file name in the run directory" in capsys.readouterr().err
+    assert cli([*args, "--weights", "missing.safetensors"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing.safetensors" in err

@@ -182,6 +182,13 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--beam", type=at_least_one)
     add_length_penalty(p)
     p.add_argument(
+        "--weights",
+        default="model.safetensors",
+        metavar="FILE",
+        help="the weights in RUN to decode with (default model.safetensors; e.g. the "
+        "average-last10.safetensors that `wtnmt experiment` writes)",
+    )
+    p.add_argument(
         "--compare",
         metavar="OTHER_RUN",
         help="also translate with OTHER_RUN and test the difference (bootstrap)",

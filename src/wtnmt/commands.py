@@ -241,8 +241,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             "only: leave out --engine onnxruntime"
         )
     tune_cpu_allocator()
+    if Path(args.weights).name != args.weights:
+        raise ConfigError(f"--weights {args.weights}: a file name in the run directory")
     translator = Translator.load(
-        args.run_dir, device=args.device, quantize=args.quantize, engine=args.engine
+        args.run_dir,
+        device=args.device,
+        quantize=args.quantize,
+        engine=args.engine,
+        weights=args.weights,
     )
     if args.corpus:
         from wtnmt.data.prepare import raw_split
@@ -266,6 +272,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             raise ConfigError(f"--src {args.src}: no lines to evaluate")
         name = Path(args.src).stem
         source = {"src": str(args.src), "ref": str(args.ref)}
+    if args.weights != "model.safetensors":
+        name += f".{args.weights.split('.')[0]}"
     if args.branch_weights != "learned":
         translator.set_branch_weights(args.branch_weights, seed=args.seed)
         name += f".{args.branch_weights}"
@@ -284,6 +292,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     scores["branch_weights"] = args.branch_weights
     scores["quantize"] = args.quantize
     scores["engine"] = args.engine
+    scores["weights"] = args.weights
     d = translator.config.decode
     scores["length_penalty"] = {"alpha": d.length_penalty, "form": d.length_penalty_form}
     out = Path(args.run_dir) / "eval"
