@@ -7,6 +7,7 @@ vocabulary fits, else int32) and ``{split}.{side}.idx.npy`` (int64 offsets, n + 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,14 +20,16 @@ if TYPE_CHECKING:  # torch is imported where batches are made: `wtnmt prepare` n
     from torch import Tensor
 
 
+def flatten(sequences: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Id sequences → all ids concatenated (int32) and each sequence's length."""
+    lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
+    flat = np.fromiter(chain.from_iterable(sequences), dtype=np.int32, count=int(lengths.sum()))
+    return flat, lengths
+
+
 def write_ids(path_stem: Path, sequences: list[list[int]], vocab_size: int) -> None:
-    dtype = np.uint16 if vocab_size <= np.iinfo(np.uint16).max else np.int32
-    lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
-    offsets = np.zeros(len(sequences) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    flat = np.fromiter((i for s in sequences for i in s), dtype=dtype, count=int(offsets[-1]))
-    np.save(f"{path_stem}.npy", flat)
-    np.save(f"{path_stem}.idx.npy", offsets)
+    with IdWriter(path_stem, vocab_size) as out:
+        out.append(*flatten(sequences))
 
 
 class _NpyStream:

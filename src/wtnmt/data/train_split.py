@@ -24,7 +24,6 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import chain
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -32,7 +31,7 @@ import numpy as np
 
 from wtnmt.config import DataConfig
 from wtnmt.data.clean import length_filter
-from wtnmt.data.dataset import IdWriter
+from wtnmt.data.dataset import IdWriter, flatten
 from wtnmt.data.stream import Pair, PairStream
 from wtnmt.data.vocab import stderr_lines, train_sentencepiece
 
@@ -210,12 +209,6 @@ def _start_worker(model: str, max_tokens: int, max_ratio: float) -> None:
     _filter = {"max_tokens": max_tokens, "max_ratio": max_ratio}
 
 
-def _flat(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    flat = np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
-    return flat, lengths
-
-
 def encode_chunk(
     pairs: list[Pair],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Counter[str]]:
@@ -228,7 +221,7 @@ def encode_chunk(
     keep, dropped = length_filter(list(map(len, src)), list(map(len, tgt)), **_filter)
     if len(keep) < len(pairs):
         src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
-    return (*_flat(src), *_flat(tgt), dropped)
+    return (*flatten(src), *flatten(tgt), dropped)
 
 
 def _encoded(
