@@ -194,6 +194,37 @@ def _wait_for(path: Path, text: str, seconds: float = 60) -> None:
     raise AssertionError(f"{text!r} never appeared in {path}: {path.read_text()}")
 
 
+@pytest.mark.parametrize("how", ["stdin", "script without a main guard"])
+def test_workers_spawned_beside_torch_do_not_run_the_main_program_again(tmp_path, how):
+    """With torch loaded the encoding workers are spawned, and spawn runs the main module
+    again in each: a program read from stdin cannot be, so the workers died at start and the
+    pool started them forever (a hang); a script without a main guard prepared again in each
+    worker. The workers are told no main module."""
+    files = write(tmp_path / "raw", corpus_pairs(300))
+    program = (
+        "import sys, torch\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_prepare_scale import config\n"
+        "from wtnmt.data import prepare\n"
+        f"prepare(config({files!r}), {str(tmp_path / 'out')!r}, log=print, workers=2)\n"
+        "print('prepared once')\n"
+    )
+    script = tmp_path / "prepare_script.py"
+    script.write_text(program, encoding="utf-8")
+    command = [sys.executable, "-"] if how == "stdin" else [sys.executable, str(script)]
+    done = subprocess.run(
+        command,
+        input=program if how == "stdin" else None,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("prepared once") == 1 and done.stdout.count("reading") == 1
+    assert (tmp_path / "out" / "summary.json").is_file()
+
+
 @pytest.mark.slow
 def test_a_killed_prepare_leaves_nothing_used_and_the_next_one_finishes(tmp_path):
     files = write(tmp_path / "raw", corpus_pairs(30_000))

@@ -23,6 +23,7 @@ import random
 import sys
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -224,6 +225,23 @@ def encode_chunk(
     return (*flatten(src), *flatten(tgt), dropped)
 
 
+@contextmanager
+def _main_hidden(hide: bool) -> Iterator[None]:
+    """While spawned workers start, the main module is not named to them: spawn would run it
+    again in each (a script without an ``if __name__ == "__main__"`` guard would prepare
+    again inside its workers, and a program read from stdin cannot be run again at all: the
+    workers would die at start and the pool start them forever). They need only wtnmt.data."""
+    main = sys.modules["__main__"]
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if hide and k in main.__dict__}
+    for key in saved:
+        setattr(main, key, None) if key == "__spec__" else delattr(main, key)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            setattr(main, key, value)
+
+
 def _encoded(
     chunks: Iterator[list[Pair]], init: tuple[str, int, float], workers: int
 ) -> Iterator[tuple[int, tuple[Any, ...]]]:
@@ -239,7 +257,9 @@ def _encoded(
     # pools a fork would copy mid-flight): the workers import only wtnmt.data
     fork = "torch" not in sys.modules and "fork" in multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if fork else "spawn")
-    with context.Pool(workers, initializer=_start_worker, initargs=init) as pool:
+    with _main_hidden(not fork), context.Pool(
+        workers, initializer=_start_worker, initargs=init
+    ) as pool:
         pending: list[tuple[int, Any]] = []
         for chunk in chunks:
             pending.append((len(chunk), pool.apply_async(encode_chunk, (chunk,))))
