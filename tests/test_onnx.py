@@ -35,6 +35,9 @@ KINDS = {
         "encoder_combination": "transparent",
     },
     "weighted-shared-topk": {"branch_ffn": "shared", "branch_weights": "topk"},
+    # `wtnmt prune`'s output: sublayers of 1 to 3 of the 4 branches (cross-attention caches
+    # of as many heads)
+    "weighted-pruned": {"kept_branches": {"encoder": [[0, 2], [3]], "decoder": [[1], [0, 1, 3]]}},
     "transformer-transparent": {"attention": "multihead", "encoder_combination": "transparent"},
 }
 SOURCES = [sentence(i, 2 + i % 5) for i in range(24)]

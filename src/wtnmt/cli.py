@@ -28,6 +28,7 @@ from wtnmt.commands import (
     cmd_translate,
 )
 from wtnmt.guard import run_guarded
+from wtnmt.prune.arguments import add_prune
 
 
 class _Parser(argparse.ArgumentParser):
@@ -345,6 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_demo,
         _add_serve,
         _add_average,
+        add_prune,
         _add_export,
         _add_analyze,
         _add_experiment,

@@ -15,6 +15,7 @@ from wtnmt.config.loading import (
     parse_override,
     resolve_preset,
 )
+from wtnmt.config.pruning import KeptBranches, PruneRecord
 from wtnmt.config.sections import (
     ConfigError,
     DataConfig,
@@ -31,7 +32,9 @@ __all__ = [
     "DataConfig",
     "DecodeConfig",
     "DisagreementConfig",
+    "KeptBranches",
     "ModelConfig",
+    "PruneRecord",
     "RunConfig",
     "TrainConfig",
     "config_from_dict",

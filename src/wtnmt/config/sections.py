@@ -10,10 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-
-class ConfigError(ValueError):
-    """A configuration key or value that is not allowed."""
-
+from wtnmt.config.errors import ConfigError
+from wtnmt.config.pruning import KeptBranches, PruneRecord
 
 _LANG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
@@ -46,6 +44,8 @@ class ModelConfig:
     branch_weights: Literal["simplex", "softmax", "topk", "fixed"] = "simplex"
     branch_topk: int = 2  # k for branch_weights == "topk"
     branch_init: Literal["random", "uniform"] = "random"
+    # a pruned model (`wtnmt prune`): per layer, the branches kept (null: all M)
+    kept_branches: KeptBranches | None = None
     # Transparent attention (Bapna et al., 2018)
     encoder_combination: Literal["top", "transparent"] = "top"
     transparent_dropout: float = 0.1
@@ -80,9 +80,27 @@ class ModelConfig:
                 f"model.heads={self.heads}"
             )
 
+        if self.kept_branches is not None:
+            self.kept_branches.check(
+                encoder_layers=self.encoder_layers,
+                decoder_layers=self.decoder_layers,
+                branches=self.heads,
+            )
+            if self.branch_weights not in ("simplex", "fixed"):
+                raise ConfigError(
+                    f"model.kept_branches: a pruned model's branch weights are simplex or "
+                    f"fixed, not model.branch_weights={self.branch_weights!r}"
+                )
+
     @property
     def branches(self) -> int:
         return self.heads
+
+    def kept(self, side: Literal["encoder", "decoder"], layer: int) -> int:
+        """How many branches the branched sublayer of ``side``'s layer ``layer`` has."""
+        if self.kept_branches is None:
+            return self.heads
+        return len(getattr(self.kept_branches, side)[layer])
 
 
 # the Weighted Transformer's own options and their defaults
@@ -92,6 +110,7 @@ _BRANCHED_ONLY = {
     "branch_weights": "simplex",
     "branch_topk": 2,
     "branch_init": "random",
+    "kept_branches": None,
 }
 
 
@@ -325,6 +344,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    prune: PruneRecord | None = None  # how a pruned model was made (`wtnmt prune`)
 
     def __post_init__(self) -> None:
         # a sentence of max_tokens_per_side pieces + BOS/EOS must have positions

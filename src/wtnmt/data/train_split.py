@@ -257,9 +257,10 @@ def _encoded(
     # pools a fork would copy mid-flight): the workers import only wtnmt.data
     fork = "torch" not in sys.modules and "fork" in multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if fork else "spawn")
-    with _main_hidden(not fork), context.Pool(
-        workers, initializer=_start_worker, initargs=init
-    ) as pool:
+    with (
+        _main_hidden(not fork),
+        context.Pool(workers, initializer=_start_worker, initargs=init) as pool,
+    ):
         pending: list[tuple[int, Any]] = []
         for chunk in chunks:
             pending.append((len(chunk), pool.apply_async(encode_chunk, (chunk,))))

@@ -87,12 +87,15 @@ def _require_exporter() -> None:
 
 
 def _shapes(model: torch.nn.Module) -> dict[str, int]:
-    cross = model.decoder_layers[0].cross_attn
-    heads = cross.attn.heads
+    """What the engine needs to know of the graphs. ``heads`` and ``head_dim`` shape the
+    decoder self-attention cache it keeps (the cross-attention keys come out of the encoder
+    graph shaped, with as many heads as a pruned model's layer kept)."""
+    attention = model.decoder_layers[0].self_attn.attn
+    heads = attention.heads
     return {
         "layers": len(model.decoder_layers),
         "heads": heads,
-        "head_dim": model.embedding.weight.size(1) // heads,
+        "head_dim": attention.proj.weight.size(0) // (3 * heads),
         "vocab_size": model.embedding.weight.size(0),
         "max_positions": model.positions.max_positions,
         "pad_id": model.pad_id,

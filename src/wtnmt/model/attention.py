@@ -24,16 +24,17 @@ from wtnmt.model.packed import PackedLinear
 
 
 class HeadProjection(nn.Module):
-    """W_i^Q, W_i^K, W_i^V of all heads as one [3D, D] matrix (eq. 2 / eq. 5)."""
+    """W_i^Q, W_i^K, W_i^V of all heads as one [3·H·Dk, D] matrix (eq. 2 / eq. 5): [3D, D],
+    except in a pruned Weighted Transformer, whose sublayers keep H < D/Dk heads."""
 
-    def __init__(self, *, d_model: int, heads: int) -> None:
+    def __init__(self, *, d_model: int, heads: int, head_dim: int | None = None) -> None:
         super().__init__()
         self.heads = heads
-        self.weight = nn.Parameter(torch.empty(3 * d_model, d_model))
+        width = heads * (head_dim or d_model // heads)  # H·Dk
+        self.weight = nn.Parameter(torch.empty(3 * width, d_model))
         self._qkv, self._q, self._kv = PackedLinear(), PackedLinear(), PackedLinear()
-        nn.init.xavier_uniform_(self.weight.view(3, d_model, d_model)[0])
-        nn.init.xavier_uniform_(self.weight.view(3, d_model, d_model)[1])
-        nn.init.xavier_uniform_(self.weight.view(3, d_model, d_model)[2])
+        for block in self.weight.view(3, width, d_model):
+            nn.init.xavier_uniform_(block)
 
     def packed_linears(self) -> tuple[PackedLinear, ...]:
         """The products this module packs for decoding (see ``packed.quantize_decoding``)."""
@@ -49,11 +50,11 @@ class HeadProjection(nn.Module):
         return q, k, v
 
     def queries(self, x: Tensor) -> Tensor:
-        d = self.weight.size(1)
+        d = self.weight.size(0) // 3  # H·Dk
         return self._split(self._q(x, self.weight[:d]), 1)[0]  # [H, B, T, Dk]
 
     def keys_values(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        d = self.weight.size(1)
+        d = self.weight.size(0) // 3
         k, v = self._split(self._kv(memory, self.weight[d:]), 2)  # [H, B, S, Dk] each
         return k, v
 
@@ -66,7 +67,14 @@ class HeadAttention(nn.Module):
     """
 
     def __init__(
-        self, *, d_model: int, heads: int, dropout: float, causal: bool, cross: bool = False
+        self,
+        *,
+        d_model: int,
+        heads: int,
+        dropout: float,
+        causal: bool,
+        cross: bool = False,
+        head_dim: int | None = None,
     ) -> None:
         super().__init__()
         self.heads = heads
@@ -75,7 +83,7 @@ class HeadAttention(nn.Module):
         # step-wise; otherwise a memory passed in is what makes attention cross-attention
         self.cross = cross
         self.dropout = dropout
-        self.proj = HeadProjection(d_model=d_model, heads=heads)
+        self.proj = HeadProjection(d_model=d_model, heads=heads, head_dim=head_dim)
 
     def forward(
         self,

@@ -81,17 +81,25 @@ class BranchedAttention(nn.Module):
         attention_dropout: float,
         activation_dropout: float,
         cross: bool = False,
+        kept: int | None = None,
     ) -> None:
+        """``kept``: build only this many of the M branches (a pruned model: each of the same
+        shape as in the full one, Dk = D/M and, under ``split``, F/M)."""
         super().__init__()
-        m, dk = branches, d_model // branches
+        dk, inner = d_model // branches, d_ff // branches if ffn == "split" else d_ff
+        m = branches if kept is None else kept
         self.ffn = ffn
         self.activation_dropout = activation_dropout
         self.attn = HeadAttention(
-            d_model=d_model, heads=m, dropout=attention_dropout, causal=False, cross=cross
+            d_model=d_model,
+            heads=m,
+            dropout=attention_dropout,
+            causal=False,
+            cross=cross,
+            head_dim=dk,
         )
         self.w_out = nn.Parameter(torch.empty(m, dk, d_model))  # W^{O_i}: Dk × D, eq. 6
         init_out_projection(self.w_out)
-        inner = d_ff // m if ffn == "split" else d_ff
         lead = (m,) if ffn == "split" else ()
         # FFN_i(x) = ReLU(x W1_i + b1_i) W2_i + b2_i; split: W1_i [D, F/M], W2_i [F/M, D]
         self.w1 = nn.Parameter(torch.empty(*lead, d_model, inner))

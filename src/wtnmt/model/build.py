@@ -33,7 +33,7 @@ def build_model(config: ModelConfig, *, vocab_size: int, pad_id: int = PAD) -> S
     def ffn() -> nn.Module:
         return FeedForward(d_model=c.d_model, d_ff=c.d_ff, activation_dropout=c.activation_dropout)
 
-    def branched_sublayer(*, cross: bool = False) -> nn.Module:
+    def branched_sublayer(*, layer: int, cross: bool = False) -> nn.Module:
         return BranchedAttention(
             d_model=c.d_model,
             branches=c.branches,
@@ -45,6 +45,7 @@ def build_model(config: ModelConfig, *, vocab_size: int, pad_id: int = PAD) -> S
             attention_dropout=c.attention_dropout,
             activation_dropout=c.activation_dropout,
             cross=cross,
+            kept=c.kept("decoder" if cross else "encoder", layer),
         )
 
     def decoder_self() -> nn.Module:
@@ -62,14 +63,17 @@ def build_model(config: ModelConfig, *, vocab_size: int, pad_id: int = PAD) -> S
 
     common = {"d_model": c.d_model, "dropout": c.dropout, "norm": c.norm}
     encoder = [
-        EncoderLayer(self_attn=branched_sublayer(), ffn=None, **common)
+        EncoderLayer(self_attn=branched_sublayer(layer=i), ffn=None, **common)
         if branched
         else EncoderLayer(self_attn=multihead(causal=False), ffn=ffn(), **common)
-        for _ in range(c.encoder_layers)
+        for i in range(c.encoder_layers)
     ]
     decoder = [
         DecoderLayer(
-            self_attn=decoder_self(), cross_attn=branched_sublayer(cross=True), ffn=None, **common
+            self_attn=decoder_self(),
+            cross_attn=branched_sublayer(layer=i, cross=True),
+            ffn=None,
+            **common,
         )
         if branched
         else DecoderLayer(
@@ -78,7 +82,7 @@ def build_model(config: ModelConfig, *, vocab_size: int, pad_id: int = PAD) -> S
             ffn=ffn(),
             **common,
         )
-        for _ in range(c.decoder_layers)
+        for i in range(c.decoder_layers)
     ]
     transparent = None
     if c.encoder_combination == "transparent":

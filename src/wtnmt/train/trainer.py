@@ -55,9 +55,11 @@ class Trainer(TrainingLoop):
         log_to_stderr: bool = True,
         data_dir: str | Path | None = None,
         vocab_size: int | None = None,
+        initial_weights: dict[str, torch.Tensor] | None = None,
     ) -> None:
         """``data_dir`` (with ``vocab_size``) trains on a directory already in the prepared
-        format, e.g. pre-tokenised benchmark data, instead of preparing ``config.data``."""
+        format, e.g. pre-tokenised benchmark data, instead of preparing ``config.data``.
+        ``initial_weights``: start from these (a fine-tune) rather than a random draw."""
         self.config, self.run_dir = config, Path(run_dir)
         self.tc = config.train
         self.rank = int(os.environ.get("RANK", 0))
@@ -95,7 +97,10 @@ class Trainer(TrainingLoop):
         self.train_data = ParallelData(self.data_dir, "train")
         self.valid_data = ParallelData(self.data_dir, "valid")
         torch.manual_seed(self.tc.seed)
-        self.model = build_model(config.model, vocab_size=vocab_size).to(self.device)
+        self.model = build_model(config.model, vocab_size=vocab_size)
+        if initial_weights is not None:
+            self.model.load_state_dict(initial_weights)
+        self.model.to(self.device)
         branch_params = [
             p for m in self.model.modules() if isinstance(m, BranchWeights) for p in m.parameters()
         ]

@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""Branch pruning measured: test BLEU and chrF against the branches kept, for the three
+criteria of `wtnmt prune` (importance, kappa-alpha, random), with and without a fine-tune;
+decoding speed (greedy and beam 5) and parameters at each point.
+
+    python benchmarks/prune_sweep.py RUN --out experiments/pruning/NAME \\
+        [--weights average-last10.safetensors] [--fine-tune 300] [--threads 2]
+
+Every point is a real `wtnmt prune` output (prune_run, the command's code path), written
+under --work (default: a temporary directory; weights are not kept) and decoded by the
+Translator as `wtnmt translate` decodes: the run's own decode settings for beam 5 (length
+penalty and its form as the run's config says) and greedy, the test split of the run's corpus
+whole, 2 threads, sentences sorted and batched as the Translator batches them. Importance is
+measured once (one dev pass a branch) and reused by every budget. Budgets: 4, 3, 2, 1
+branches a layer, and over the model 3/4, 1/2 and 3/8 of the branches (at least one a
+layer). Speeds are reported against the unpruned model's, measured before and after the sweep
+(the mean of the two), since this machine's speed drifts.
+
+Writes OUT/results.json, OUT/results.md (the table) and OUT/bleu_vs_branches.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from wtnmt.analysis.scoring import split_pairs  # noqa: E402
+from wtnmt.decode.evaluate import score_corpus  # noqa: E402
+from wtnmt.decode.translator import Translator  # noqa: E402
+from wtnmt.model import count_parameters  # noqa: E402
+from wtnmt.prune.criteria import importance_scores, kappa_alpha_scores, random_scores  # noqa: E402
+from wtnmt.prune.run import dev_loss_of, prune_run  # noqa: E402
+from wtnmt.rundir import load_run  # noqa: E402
+from wtnmt.runtime import machine_line  # noqa: E402
+
+CRITERIA = ("importance", "kappa-alpha", "random")
+
+
+def decode(run: Path, weights: str, sources: list[str], refs: list[str]) -> dict[str, Any]:
+    """Scores and seconds of beam (the run's settings) and greedy search over the split."""
+    translator = Translator.load(run, weights=weights, say=lambda m: None)
+    beam = translator.config.decode.beam
+    row: dict[str, Any] = {"parameters": count_parameters(translator.model)}
+    for name, width in (("beam", beam), ("greedy", 1)):
+        start = time.perf_counter()
+        hyps = translator.translate(sources, beam=width)
+        seconds = time.perf_counter() - start
+        scores = score_corpus(hyps, refs)
+        tokens = sum(len(translator.vocab.encode(h)) + 1 for h in hyps)  # EOS counted
+        row[name] = {
+            "bleu": scores["bleu"],
+            "chrf": scores["chrf"],
+            "seconds": round(seconds, 2),
+            "tokens_per_s": round(tokens / seconds, 1),
+        }
+    row["beam_size"] = beam
+    return row
+
+
+def budgets(sublayers: int, branches: int) -> list[tuple[str, int]]:
+    total = sublayers * branches
+    per_layer = [("keep", k) for k in range(branches, 0, -1)]
+    overall = {max(sublayers, round(total * f)) for f in (3 / 4, 1 / 2, 3 / 8)}
+    return per_layer + [("keep_total", n) for n in sorted(overall, reverse=True)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", type=Path)
+    parser.add_argument("--out", type=Path, required=True, help="where the results go")
+    parser.add_argument("--work", type=Path, help="where the pruned runs go (default: temp)")
+    parser.add_argument("--weights", default="model.safetensors")
+    parser.add_argument("--fine-tune", type=int, default=0, metavar="STEPS")
+    parser.add_argument(
+        "--fine-tune-keep",
+        default="3,2,1",
+        help="the per-layer budgets fine-tuned, comma-separated (default 3,2,1)",
+    )
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=1, help="the random criterion's draw")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = args.work or Path(tempfile.mkdtemp(prefix="prune-sweep-"))
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+
+    config, _, model = load_run(args.run, weights=args.weights)
+    model.eval()
+    sources, refs = split_pairs(args.run, "test")
+    start = time.perf_counter()
+    base, importance = importance_scores(model, dev_loss_of(config, args.run, model, say))
+    importance_seconds = time.perf_counter() - start
+    measured = {
+        "importance": (importance, base),
+        "kappa-alpha": (kappa_alpha_scores(model), None),
+        "random": (random_scores(model, args.seed), None),
+    }
+    sublayers, branches = len(importance), config.model.heads
+    say(f"importance measured in {importance_seconds:.0f} s (dev NLL {base:.4f})")
+
+    full_before = decode(args.run, args.weights, sources, refs)
+    say(f"full model: {json.dumps(full_before)}")
+    rows: list[dict[str, Any]] = []
+    tuned_keeps = {int(k) for k in args.fine_tune_keep.split(",") if k}
+    for kind, n in budgets(sublayers, branches):
+        for criterion in CRITERIA:
+            if kind == "keep" and n == branches and criterion != "importance":
+                continue  # every criterion keeps everything
+            steps = [0]
+            if args.fine_tune and kind == "keep" and n in tuned_keeps:
+                steps.append(args.fine_tune)
+            for fine_tune in steps:
+                name = f"{criterion}-{kind}{n}-ft{fine_tune}"
+                out = work / name
+                if (out / "prune.json").is_file():
+                    summary = json.loads((out / "prune.json").read_text())
+                else:
+                    summary = prune_run(
+                        args.run,
+                        out,
+                        criterion=criterion,
+                        keep=n if kind == "keep" else None,
+                        keep_total=n if kind == "keep_total" else None,
+                        weights=args.weights,
+                        seed=args.seed,
+                        fine_tune=fine_tune,
+                        log=lambda m: None,
+                        measured=measured[criterion],
+                    )
+                row = decode(out, "model.safetensors", sources, refs)
+                row.update(
+                    criterion=criterion,
+                    budget=kind,
+                    n=n,
+                    fine_tune=fine_tune,
+                    branches=summary["branches"]["after"],
+                    removed=summary["removed"],
+                )
+                rows.append(row)
+                say(
+                    f"{name}: {row['branches']} branches, BLEU {row['beam']['bleu']} "
+                    f"(greedy {row['greedy']['bleu']}), beam {row['beam']['tokens_per_s']} tok/s"
+                )
+    full_after = decode(args.run, args.weights, sources, refs)
+    results = {
+        "run": str(args.run),
+        "weights": args.weights,
+        "machine": machine_line(),
+        "threads": args.threads,
+        "sentences": len(sources),
+        "sublayers": sublayers,
+        "branches_per_sublayer": branches,
+        "dev_nll": base,
+        "importance_seconds": round(importance_seconds, 1),
+        "scores": {
+            c: {f"{side}{i}": v for (side, i), v in m[0].items()} for c, m in measured.items()
+        },
+        "full": {"before": full_before, "after": full_after},
+        "points": rows,
+    }
+    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    write_table(results, args.out / "results.md")
+    plot(results, args.out / "bleu_vs_branches.png")
+    say(f"wrote {args.out}/results.json, results.md, bleu_vs_branches.png")
+    return 0
+
+
+def _speed(results: dict[str, Any], row: dict[str, Any], search: str) -> float:
+    full = results["full"]
+    reference = (full["before"][search]["tokens_per_s"] + full["after"][search]["tokens_per_s"]) / 2
+    return row[search]["tokens_per_s"] / reference
+
+
+def write_table(results: dict[str, Any], path: Path) -> None:
+    full = results["full"]["before"]
+    lines = [
+        f"Pruning {results['run']} ({results['weights']}); test split, "
+        f"{results['sentences']} sentences; {results['threads']} threads; {results['machine']}",
+        "",
+        "| criterion | budget | branches | fine-tune | BLEU beam | chrF beam | BLEU greedy | "
+        "parameters | beam speed | greedy speed |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| (none) | all | {results['sublayers'] * results['branches_per_sublayer']} | - | "
+        f"{full['beam']['bleu']} | {full['beam']['chrf']} | {full['greedy']['bleu']} | "
+        f"{full['parameters']:,} | 1.00× | 1.00× |",
+    ]
+    for r in results["points"]:
+        budget = f"{r['n']} a layer" if r["budget"] == "keep" else f"{r['n']} in all"
+        lines.append(
+            f"| {r['criterion']} | {budget} | {r['branches']} | {r['fine_tune'] or '-'} | "
+            f"{r['beam']['bleu']} | {r['beam']['chrf']} | {r['greedy']['bleu']} | "
+            f"{r['parameters']:,} | {_speed(results, r, 'beam'):.2f}× | "
+            f"{_speed(results, r, 'greedy'):.2f}× |"
+        )
+    path.write_text("\n".join(lines) + "\n")
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    colours = {"importance": "tab:blue", "kappa-alpha": "tab:orange", "random": "tab:gray"}
+    total = results["sublayers"] * results["branches_per_sublayer"]
+    full = results["full"]["before"]["beam"]["bleu"]
+    for criterion, colour in colours.items():
+        for budget, fine_tune, style, marker, label in (
+            ("keep", False, "-", "o", "a layer"),
+            ("keep", True, "--", "s", "a layer, fine-tuned"),
+            ("keep_total", False, "", "^", "in all"),
+        ):
+            points = sorted(
+                (r["branches"], r["beam"]["bleu"])
+                for r in results["points"]
+                if r["criterion"] == criterion
+                and r["budget"] == budget
+                and bool(r["fine_tune"]) == fine_tune
+            )
+            if budget == "keep" and not fine_tune and points[-1][0] < total:
+                points.append((total, full))  # the unpruned model, where every line starts
+            if points:
+                ax.plot(
+                    *zip(*points, strict=True),
+                    style,
+                    marker=marker,
+                    color=colour,
+                    label=f"{criterion}, {label}",
+                )
+    ax.set_xlabel(f"branches kept (of {total})")
+    ax.set_ylabel("test BLEU (beam)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
