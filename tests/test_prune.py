@@ -317,3 +317,24 @@ def test_the_config_refuses_a_kept_branch_list_that_does_not_fit():
     values["model"]["kept_branches"] = {"encoder": [[], [1]], "decoder": [[0], [1]]}
     with pytest.raises(ConfigError, match="keeps at least one branch"):
         config_from_dict(values)
+
+
+def test_a_pruned_run_serves_with_its_branches_and_their_attention(run, tmp_path):
+    pytest.importorskip("fastapi", reason="the serve extra is not installed")
+    from fastapi.testclient import TestClient
+
+    from wtnmt.serve.app import create_app
+    from wtnmt.serve.settings import ServeSettings
+
+    out = tmp_path / "p"
+    assert main(["prune", str(run), "--out", str(out), "--keep-total", "6"]) == 0
+    translator = Translator.load(out)
+    with TestClient(create_app(translator, ServeSettings())) as client:
+        info = client.get("/v1/model").json()
+        widths = sorted(len(w["alpha"]) for w in info["branch_weights"])
+        assert sum(widths) == 6 and widths[0] == 1  # each sublayer its own number of branches
+        assert info["parameters"] == count_parameters(translator.model)
+        body = {"text": ["alpha beta gamma"], "attention": True}
+        got = client.post("/v1/translate", json=body).json()
+    assert got["translations"] == translator.translate(["alpha beta gamma"])
+    assert got["attention"][0]
