@@ -1,20 +1,22 @@
 #!/usr/bin/env python3
 """Branch pruning measured: test BLEU and chrF against the branches kept, for the three
 criteria of `wtnmt prune` (importance, kappa-alpha, random), with and without a fine-tune;
-decoding speed (greedy and beam 5) and parameters at each point.
+decoding speed (greedy and beam) and parameters at each point.
 
     python benchmarks/prune_sweep.py RUN --out experiments/pruning/NAME \\
         [--weights average-last10.safetensors] [--fine-tune 300] [--threads 2]
 
 Every point is a real `wtnmt prune` output (prune_run, the command's code path), written
 under --work (default: a temporary directory; weights are not kept) and decoded by the
-Translator as `wtnmt translate` decodes: the run's own decode settings for beam 5 (length
-penalty and its form as the run's config says) and greedy, the test split of the run's corpus
-whole, 2 threads, sentences sorted and batched as the Translator batches them. Importance is
-measured once (one dev pass a branch) and reused by every budget. Budgets: 4, 3, 2, 1
-branches a layer, and over the model 3/4, 1/2 and 3/8 of the branches (at least one a
-layer). Speeds are reported against the unpruned model's, measured before and after the sweep
-(the mean of the two), since this machine's speed drifts.
+Translator as `wtnmt translate` decodes: beam search as the run's config says (beam 5 and
+fairseq's length normalization for the Multi30k presets, beam 4 for the demo) and greedy, on
+the test split of the run's corpus, 2 threads, sentences sorted and batched as the Translator
+batches them; each search timed three times, the median kept. Importance is measured once (one
+dev pass a branch) and reused by every budget. Budgets: 4, 3, 2, 1 branches a layer, and over
+the model 3/4, 1/2 and 3/8 of the branches (at least one a layer). Speeds are reported against
+the unpruned model's, measured before and after the sweep (the mean of the two), since this
+machine's speed drifts. The fine-tune is `wtnmt prune --fine-tune`'s, on the per-layer budgets
+of --fine-tune-keep. Also reported: Spearman's ρ between κ·α and the measured importance.
 
 Writes OUT/results.json, OUT/results.md (the table) and OUT/bleu_vs_branches.png.
 """
@@ -23,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -44,17 +48,24 @@ from wtnmt.rundir import load_run  # noqa: E402
 from wtnmt.runtime import machine_line  # noqa: E402
 
 CRITERIA = ("importance", "kappa-alpha", "random")
+ROUNDS = 3  # decodes timed a point; the median is reported
 
 
-def decode(run: Path, weights: str, sources: list[str], refs: list[str]) -> dict[str, Any]:
+def decode(
+    run: Path, weights: str, sources: list[str], refs: list[str], threads: int
+) -> dict[str, Any]:
     """Scores and seconds of beam (the run's settings) and greedy search over the split."""
+    torch.set_num_threads(threads)  # (as asked, whatever a fine-tune before set)
     translator = Translator.load(run, weights=weights, say=lambda m: None)
     beam = translator.config.decode.beam
     row: dict[str, Any] = {"parameters": count_parameters(translator.model)}
     for name, width in (("beam", beam), ("greedy", 1)):
-        start = time.perf_counter()
-        hyps = translator.translate(sources, beam=width)
-        seconds = time.perf_counter() - start
+        times = []
+        for _ in range(ROUNDS):
+            start = time.perf_counter()
+            hyps = translator.translate(sources, beam=width)
+            times.append(time.perf_counter() - start)
+        seconds = statistics.median(times)
         scores = score_corpus(hyps, refs)
         tokens = sum(len(translator.vocab.encode(h)) + 1 for h in hyps)  # EOS counted
         row[name] = {
@@ -88,7 +99,15 @@ def main() -> int:
     )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1, help="the random criterion's draw")
+    parser.add_argument(
+        "--plot-only", action="store_true", help="redraw OUT's table and figure from its JSON"
+    )
     args = parser.parse_args()
+    if args.plot_only:
+        results = json.loads((args.out / "results.json").read_text())
+        write_table(results, args.out / "results.md")
+        plot(results, args.out / "bleu_vs_branches.png")
+        return 0
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     work = args.work or Path(tempfile.mkdtemp(prefix="prune-sweep-"))
@@ -108,7 +127,7 @@ def main() -> int:
     sublayers, branches = len(importance), config.model.heads
     say(f"importance measured in {importance_seconds:.0f} s (dev NLL {base:.4f})")
 
-    full_before = decode(args.run, args.weights, sources, refs)
+    full_before = decode(args.run, args.weights, sources, refs, args.threads)
     say(f"full model: {json.dumps(full_before)}")
     rows: list[dict[str, Any]] = []
     tuned_keeps = {int(k) for k in args.fine_tune_keep.split(",") if k}
@@ -122,9 +141,11 @@ def main() -> int:
             for fine_tune in steps:
                 name = f"{criterion}-{kind}{n}-ft{fine_tune}"
                 out = work / name
-                if (out / "prune.json").is_file():
+                if (out / "prune.json").is_file():  # made by an earlier call: reused
                     summary = json.loads((out / "prune.json").read_text())
                 else:
+                    if out.is_dir():  # this sweep's own, left unfinished by a stopped call
+                        shutil.rmtree(out)
                     summary = prune_run(
                         args.run,
                         out,
@@ -137,7 +158,7 @@ def main() -> int:
                         log=lambda m: None,
                         measured=measured[criterion],
                     )
-                row = decode(out, "model.safetensors", sources, refs)
+                row = decode(out, "model.safetensors", sources, refs, args.threads)
                 row.update(
                     criterion=criterion,
                     budget=kind,
@@ -151,7 +172,7 @@ def main() -> int:
                     f"{name}: {row['branches']} branches, BLEU {row['beam']['bleu']} "
                     f"(greedy {row['greedy']['bleu']}), beam {row['beam']['tokens_per_s']} tok/s"
                 )
-    full_after = decode(args.run, args.weights, sources, refs)
+    full_after = decode(args.run, args.weights, sources, refs, args.threads)
     results = {
         "run": str(args.run),
         "weights": args.weights,
@@ -162,6 +183,7 @@ def main() -> int:
         "branches_per_sublayer": branches,
         "dev_nll": base,
         "importance_seconds": round(importance_seconds, 1),
+        "spearman_kappa_alpha_importance": agreement(importance, measured["kappa-alpha"][0]),
         "scores": {
             c: {f"{side}{i}": v for (side, i), v in m[0].items()} for c, m in measured.items()
         },
@@ -175,6 +197,34 @@ def main() -> int:
     return 0
 
 
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+
+    def ranks(xs: list[float]) -> torch.Tensor:
+        x = torch.tensor(xs, dtype=torch.float64)
+        r = torch.empty_like(x)
+        r[x.argsort()] = torch.arange(len(xs), dtype=torch.float64)
+        for value in x.unique():  # ties share their mean rank
+            tied = x == value
+            r[tied] = r[tied].mean()
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    return float((ra * rb).sum() / (ra.norm() * rb.norm()))
+
+
+def agreement(importance: dict, kappa_alpha: dict) -> dict[str, float]:
+    """How far κ·α orders the branches as their measured importance does: Spearman's ρ over
+    all branches, and its mean within each sublayer."""
+    keys = list(importance)
+    flat_i = [v for k in keys for v in importance[k]]
+    flat_k = [v for k in keys for v in kappa_alpha[k]]
+    within = [spearman(importance[k], kappa_alpha[k]) for k in keys]
+    mean_within = sum(within) / len(within)
+    return {"all": round(spearman(flat_i, flat_k), 3), "within": round(mean_within, 3)}
+
+
 def _speed(results: dict[str, Any], row: dict[str, Any], search: str) -> float:
     full = results["full"]
     reference = (full["before"][search]["tokens_per_s"] + full["after"][search]["tokens_per_s"]) / 2
@@ -186,6 +236,10 @@ def write_table(results: dict[str, Any], path: Path) -> None:
     lines = [
         f"Pruning {results['run']} ({results['weights']}); test split, "
         f"{results['sentences']} sentences; {results['threads']} threads; {results['machine']}",
+        "",
+        f"Spearman's ρ between κ·α and measured importance: "
+        f"{results['spearman_kappa_alpha_importance']['all']} over all branches, "
+        f"{results['spearman_kappa_alpha_importance']['within']} within a sublayer (mean).",
         "",
         "| criterion | budget | branches | fine-tune | BLEU beam | chrF beam | BLEU greedy | "
         "parameters | beam speed | greedy speed |",
@@ -219,7 +273,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         for budget, fine_tune, style, marker, label in (
             ("keep", False, "-", "o", "a layer"),
             ("keep", True, "--", "s", "a layer, fine-tuned"),
-            ("keep_total", False, "", "^", "in all"),
+            ("keep_total", False, "none", "^", "in all"),
         ):
             points = sorted(
                 (r["branches"], r["beam"]["bleu"])
@@ -233,7 +287,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
             if points:
                 ax.plot(
                     *zip(*points, strict=True),
-                    style,
+                    linestyle=style,
                     marker=marker,
                     color=colour,
                     label=f"{criterion}, {label}",

@@ -258,6 +258,7 @@ def test_fine_tune_trains_the_rest_with_kappa_alpha_kept(run, tmp_path):
     config = load_config(out / "config.yaml")
     assert config.prune.fine_tune_steps == 4 and config.train.max_steps == 4
     assert config.train.freeze_branch_weights == 4 and config.train.lr_schedule == "linear"
+    assert config.train.threads is None  # the process's (--threads), not the source's
     before = json.loads((out / "prune.json").read_text())
     assert before["fine_tune_steps"] == 4
     tuned = read_weights(out / "model.safetensors")

@@ -120,6 +120,7 @@ def fine_tune_config(
         freeze_branch_weights=steps,
         patience=None,
         peak_lr=source_learning_rate(run),
+        threads=None,  # the process's own (`wtnmt prune --threads`), not the source run's
     )
     train["valid_every"] = min(train["valid_every"], steps)
     for text in overrides:
