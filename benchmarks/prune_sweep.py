@@ -67,7 +67,7 @@ def decode(
             times.append(time.perf_counter() - start)
         seconds = statistics.median(times)
         scores = score_corpus(hyps, refs)
-        tokens = sum(len(translator.vocab.encode(h)) + 1 for h in hyps)  # EOS counted
+        tokens = sum(len(ids) + 1 for ids in translator.vocab.encode(hyps))  # EOS counted
         row[name] = {
             "bleu": scores["bleu"],
             "chrf": scores["chrf"],
@@ -76,6 +76,55 @@ def decode(
         }
     row["beam_size"] = beam
     return row
+
+
+LENGTH = 24  # output tokens forced a sentence in the speed rounds
+
+
+def architecture_speed(
+    models: dict[str, torch.nn.Module], inputs: list[torch.Tensor], *, beam: int, rounds: int
+) -> dict[str, dict[str, float]]:
+    """Output tokens/s of greedy and beam search with every output forced to LENGTH tokens
+    (the same work whatever the weights, as benchmarks/decode_speed.py forces it), the models
+    interleaved round by round; medians, and each against the first model's."""
+    from wtnmt.decode.search import beam_search, greedy_search
+
+    speeds: dict[str, dict[str, list[float]]] = {n: {"greedy": [], "beam": []} for n in models}
+    with torch.no_grad():
+        for _ in range(rounds):
+            for name, model in models.items():
+                for search in ("greedy", "beam"):
+                    start = time.perf_counter()
+                    for src in inputs:
+                        if search == "greedy":
+                            greedy_search(model, src, min_len=LENGTH, max_len=LENGTH)
+                        else:
+                            beam_search(model, src, beam=beam, min_len=LENGTH, max_len=LENGTH)
+                    tokens = LENGTH * sum(len(src) for src in inputs)
+                    speeds[name][search].append(tokens / (time.perf_counter() - start))
+    first = next(iter(models))
+    out = {}
+    for name, by in speeds.items():
+        out[name] = {s: round(statistics.median(v), 1) for s, v in by.items()}
+        for s in ("greedy", "beam"):
+            ratio = statistics.median(by[s]) / statistics.median(speeds[first][s])
+            out[name][f"{s}_ratio"] = round(ratio, 3)
+    return out
+
+
+def speed_inputs(translator: Translator, sources: list[str]) -> list[torch.Tensor]:
+    """The sources as the Translator encodes them, sorted by length, 32 a batch."""
+    from wtnmt.special import EOS, PAD
+
+    ids = sorted(([*row, EOS] for row in translator.vocab.encode(sources)), key=len)
+    batches = []
+    for start in range(0, len(ids), 32):
+        rows = ids[start : start + 32]
+        src = torch.full((len(rows), max(map(len, rows))), PAD, dtype=torch.long)
+        for r, row in enumerate(rows):
+            src[r, : len(row)] = torch.tensor(row)
+        batches.append(src)
+    return batches
 
 
 def budgets(sublayers: int, branches: int) -> list[tuple[str, int]]:
@@ -100,9 +149,18 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1, help="the random criterion's draw")
     parser.add_argument(
+        "--speed-only",
+        action="store_true",
+        help="time the per-layer budgets' models (pruned by importance, in --work) against "
+        "the full one, outputs forced to 24 tokens, rounds interleaved; into OUT's JSON",
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="speed rounds (median)")
+    parser.add_argument(
         "--plot-only", action="store_true", help="redraw OUT's table and figure from its JSON"
     )
     args = parser.parse_args()
+    if args.speed_only:
+        return speed_only(args)
     if args.plot_only:
         results = json.loads((args.out / "results.json").read_text())
         write_table(results, args.out / "results.md")
@@ -225,6 +283,30 @@ def agreement(importance: dict, kappa_alpha: dict) -> dict[str, float]:
     return {"all": round(spearman(flat_i, flat_k), 3), "within": round(mean_within, 3)}
 
 
+def speed_only(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    results = json.loads((args.out / "results.json").read_text())
+    full = Translator.load(args.run, weights=args.weights, say=lambda m: None)
+    sources, _ = split_pairs(args.run, "test")
+    models = {"full": full.model}
+    for k in range(results["branches_per_sublayer"] - 1, 0, -1):
+        models[f"keep{k}"] = Translator.load(args.work / f"importance-keep{k}-ft0").model
+    inputs = speed_inputs(full, sources)
+    beam = full.config.decode.beam
+    architecture_speed(models, inputs[:2], beam=beam, rounds=1)  # warm-up
+    results["speed_forced"] = {
+        "length": LENGTH,
+        "rounds": args.rounds,
+        "beam": beam,
+        "tokens_per_s": architecture_speed(models, inputs, beam=beam, rounds=args.rounds),
+        "parameters": {n: count_parameters(m) for n, m in models.items()},
+    }
+    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    write_table(results, args.out / "results.md")
+    print(json.dumps(results["speed_forced"], indent=1))
+    return 0
+
+
 def _speed(results: dict[str, Any], row: dict[str, Any], search: str) -> float:
     full = results["full"]
     reference = (full["before"][search]["tokens_per_s"] + full["after"][search]["tokens_per_s"]) / 2
@@ -256,6 +338,26 @@ def write_table(results: dict[str, Any], path: Path) -> None:
             f"{r['parameters']:,} | {_speed(results, r, 'beam'):.2f}× | "
             f"{_speed(results, r, 'greedy'):.2f}× |"
         )
+    forced = results.get("speed_forced")
+    if forced:
+        lines += [
+            "",
+            f"Decoding speed of the architecture alone: every output forced to "
+            f"{forced['length']} tokens (the same work whatever the weights), the test "
+            f"sources in batches of 32, models interleaved over {forced['rounds']} rounds, "
+            f"medians; pruned by importance.",
+            "",
+            "| branches a layer | parameters | greedy tok/s | beam tok/s | greedy | beam |",
+            "|---|---|---|---|---|---|",
+        ]
+        m = results["branches_per_sublayer"]
+        for name, speed in forced["tokens_per_s"].items():
+            kept = m if name == "full" else int(name.removeprefix("keep"))
+            lines.append(
+                f"| {kept} | {forced['parameters'][name]:,} | {speed['greedy']:,.0f} | "
+                f"{speed['beam']:,.0f} | {speed['greedy_ratio']:.2f}× | "
+                f"{speed['beam_ratio']:.2f}× |"
+            )
     path.write_text("\n".join(lines) + "\n")
 
 
