@@ -48,11 +48,10 @@ from wtnmt.rundir import load_run  # noqa: E402
 from wtnmt.runtime import machine_line  # noqa: E402
 
 CRITERIA = ("importance", "kappa-alpha", "random")
-ROUNDS = 3  # decodes timed a point; the median is reported
 
 
 def decode(
-    run: Path, weights: str, sources: list[str], refs: list[str], threads: int
+    run: Path, weights: str, sources: list[str], refs: list[str], threads: int, rounds: int = 3
 ) -> dict[str, Any]:
     """Scores and seconds of beam (the run's settings) and greedy search over the split."""
     torch.set_num_threads(threads)  # (as asked, whatever a fine-tune before set)
@@ -61,7 +60,7 @@ def decode(
     row: dict[str, Any] = {"parameters": count_parameters(translator.model)}
     for name, width in (("beam", beam), ("greedy", 1)):
         times = []
-        for _ in range(ROUNDS):
+        for _ in range(rounds):
             start = time.perf_counter()
             hyps = translator.translate(sources, beam=width)
             times.append(time.perf_counter() - start)
@@ -154,7 +153,10 @@ def main() -> int:
         help="time the per-layer budgets' models (pruned by importance, in --work) against "
         "the full one, outputs forced to 24 tokens, rounds interleaved; into OUT's JSON",
     )
-    parser.add_argument("--rounds", type=int, default=5, help="speed rounds (median)")
+    parser.add_argument("--rounds", type=int, default=5, help="--speed-only's rounds (median)")
+    parser.add_argument(
+        "--timing-rounds", type=int, default=3, help="decodes timed a point (median; 3)"
+    )
     parser.add_argument(
         "--plot-only", action="store_true", help="redraw OUT's table and figure from its JSON"
     )
@@ -185,7 +187,7 @@ def main() -> int:
     sublayers, branches = len(importance), config.model.heads
     say(f"importance measured in {importance_seconds:.0f} s (dev NLL {base:.4f})")
 
-    full_before = decode(args.run, args.weights, sources, refs, args.threads)
+    full_before = decode(args.run, args.weights, sources, refs, args.threads, args.timing_rounds)
     say(f"full model: {json.dumps(full_before)}")
     rows: list[dict[str, Any]] = []
     tuned_keeps = {int(k) for k in args.fine_tune_keep.split(",") if k}
@@ -216,7 +218,9 @@ def main() -> int:
                         log=lambda m: None,
                         measured=measured[criterion],
                     )
-                row = decode(out, "model.safetensors", sources, refs, args.threads)
+                row = decode(
+                    out, "model.safetensors", sources, refs, args.threads, args.timing_rounds
+                )
                 row.update(
                     criterion=criterion,
                     budget=kind,
@@ -230,7 +234,7 @@ def main() -> int:
                     f"{name}: {row['branches']} branches, BLEU {row['beam']['bleu']} "
                     f"(greedy {row['greedy']['bleu']}), beam {row['beam']['tokens_per_s']} tok/s"
                 )
-    full_after = decode(args.run, args.weights, sources, refs, args.threads)
+    full_after = decode(args.run, args.weights, sources, refs, args.threads, args.timing_rounds)
     results = {
         "run": str(args.run),
         "weights": args.weights,
