@@ -1,6 +1,7 @@
 """The four sections of a run config, each a frozen dataclass that validates itself: every
 value is checked when a section is made, and a bad one raises :class:`ConfigError` naming the
-dotted key, the value and what is allowed."""
+dotted key, the value and what is allowed. (A pruned model's ``model.kept_branches`` and
+``prune`` record are in config/pruning.py.)"""
 
 from __future__ import annotations
 
