@@ -287,6 +287,10 @@ def test_refusals_are_one_line_and_write_nothing(run, tmp_path, capsys):
         ([str(run), "--keep-total", "3"], "below one branch a layer (the model has 4"),
         ([str(multi), "--keep", "1"], "a Transformer (model.attention: multihead) has no branches"),
         ([str(run), "--keep", "1", "--set", "train.max_steps=3"], "give --fine-tune STEPS too"),
+        (
+            [str(run), "--keep", "1", "--fine-tune", "2", "--set", "model.dropout=0.2"],
+            "the fine-tune takes train.* settings only",
+        ),
     ]
     for args, message in cases:
         out = tmp_path / "out"

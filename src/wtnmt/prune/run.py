@@ -230,6 +230,8 @@ def prune_run(
         seed=seed,
         fine_tune_steps=fine_tune,
     )
+    if fine_tune:  # the fine-tune's settings hold, before any measuring
+        fine_tune_config(config, fine_tune, run=run, overrides=overrides)
     model.eval()
     sizes = {k: [0.0] * m.w_out.size(0) for k, (_, m) in branched_sublayers(model).items()}
     select(sizes, keep=keep, keep_total=keep_total)  # the budget fits, before any measuring
