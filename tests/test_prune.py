@@ -342,4 +342,18 @@ def test_a_pruned_run_serves_with_its_branches_and_their_attention(run, tmp_path
         body = {"text": ["alpha beta gamma"], "attention": True}
         got = client.post("/v1/translate", json=body).json()
     assert got["translations"] == translator.translate(["alpha beta gamma"])
-    assert got["attention"][0]
+    # branches keep the numbers they had in the trained model, in the weights and the maps
+    kept = translator.config.model.kept_branches
+    numbered = {
+        f"{attr}.{i}.{child}": [b + 1 for b in branches]
+        for attr, child, layers in (
+            ("encoder_layers", "self_attn", kept.encoder),
+            ("decoder_layers", "cross_attn", kept.decoder),
+        )
+        for i, branches in enumerate(layers)
+    }
+    assert {w["layer"]: w["branches"] for w in info["branch_weights"]} == numbered
+    assert any(numbers != list(range(1, len(numbers) + 1)) for numbers in numbered.values())
+    layers = got["attention"][0]["layers"]
+    assert [layer["branches"] for layer in layers] == [[b + 1 for b in k] for k in kept.decoder]
+    assert [len(layer["maps"]) for layer in layers] == [len(k) for k in kept.decoder]

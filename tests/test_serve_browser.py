@@ -109,3 +109,35 @@ def test_the_page_translates_as_you_type_and_shows_branches(browser, tmp_path):
             "return performance.getEntriesByType('resource').map(e => new URL(e.name).host)"
         )
         assert set(hosts) <= {server.url.removeprefix("http://")}
+
+
+def test_a_pruned_model_shows_its_branches_numbered_as_in_the_trained_one(browser, tmp_path):
+    from wtnmt.cli import main
+
+    out = tmp_path / "pruned"
+    run = train_tiny_run(tmp_path)
+    assert main(["prune", str(run), "--out", str(out), "--keep-total", "6"]) == 0
+    translator = Translator.load(out)
+    kept = translator.config.model.kept_branches
+    table = branch_weight_table(translator.model)
+    wait = WebDriverWait(browser, 30, ignored_exceptions=(StaleElementReferenceException,))
+    with LiveServer(create_app(translator, ServeSettings())) as server:
+        browser.get(server.url + "/")
+        bars = wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "#bars .bar") or None)
+        assert len(bars) == 2 * 6
+        shown = [bar.get_attribute("title") for bar in bars]
+        # some layer keeps other branches than its first ones, so their numbers show it
+        assert any(list(k) != list(range(len(k))) for k in (*kept.encoder, *kept.decoder))
+        weights = [
+            f"{sym}{b} = {v:.4f}"
+            for w, layer in zip(table.values(), (*kept.encoder, *kept.decoder), strict=True)
+            for sym, kind in (("κ", "kappa"), ("α", "alpha"))
+            for b, v in zip([b + 1 for b in layer], w[kind], strict=True)
+        ]
+        assert shown == weights
+
+        browser.find_element(By.ID, "src").send_keys(sentence(50_000, 4))
+        maps = wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "#attn svg.attn-map"))
+        assert len(maps) == len(kept.decoder[0])
+        titles = [t.text for t in browser.find_elements(By.CSS_SELECTOR, "#attn .title")]
+        assert [t.split(" · ")[0] for t in titles] == [f"branch {b + 1}" for b in kept.decoder[0]]

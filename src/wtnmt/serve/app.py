@@ -26,6 +26,7 @@ from wtnmt import __version__
 from wtnmt.config import ConfigError, config_to_dict
 from wtnmt.decode.translator import Translator
 from wtnmt.model import branch_weight_table, count_parameters
+from wtnmt.model.pruning import branch_numbers
 from wtnmt.serve.batcher import Batcher
 from wtnmt.serve.errors import ApiError
 from wtnmt.serve.metrics import Metrics
@@ -166,7 +167,15 @@ def model_info(
         "vocabulary_size": len(translator.vocab),
         # data paths are the server's business; the model and search are the client's
         "config": {"model": config["model"], "decode": config["decode"]},
-        "branch_weights": [{"layer": layer, **w} for layer, w in table.items()],
+        # "branches": each branch's number in the trained model (a pruned one skips some)
+        "branch_weights": [
+            {
+                "layer": layer,
+                "branches": branch_numbers(translator.config.model, layer, len(w["kappa"])),
+                **w,
+            }
+            for layer, w in table.items()
+        ],
         "defaults": {"beam": default_beam, "nbest": 1},
         "limits": {
             "max_sentences": settings.max_sentences,

@@ -41,6 +41,7 @@ class LayerMaps(BaseModel):
     layer: int  # decoder layer, from 0
     kappa: list[float] | None  # the branch weights in effect (None: multi-head attention)
     alpha: list[float] | None
+    branches: list[int]  # each map's branch (head) number, from 1, in the trained model
     maps: list[list[list[float]]]  # [branch][target token][source token]
 
 
