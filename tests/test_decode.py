@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import select
 import shutil
@@ -382,7 +383,6 @@ def test_evaluate_reproduces_sacrebleu_on_the_same_files(run_dir, tmp_path):
     src.write_text("".join(sentence(i, 3) + "\n" for i in range(30)))
     ref.write_text("".join(sentence(i + 1, 3).upper() + "\n" for i in range(30)))
     assert cli(["evaluate", str(run_dir), "--src", str(src), "--ref", str(ref), "--beam", "2"]) == 0
-    import json
 
     scores = json.loads((run_dir / "scores.json").read_text())
     hyp = run_dir / "eval" / "src.hyp"
@@ -421,6 +421,20 @@ def test_evaluate_with_replaced_branch_weights_and_compare(run_dir, tmp_path):
         == 0
     )
     assert (run_dir / "eval" / "src.uniform.hyp").is_file()
+
+
+def test_evaluate_keeps_each_random_draw_apart(run_dir, tmp_path):
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("alpha beta\ngamma delta\n")
+    ref.write_text("AHPLA ATEB\nAMMAG ATLED\n")
+    argv = ["evaluate", str(run_dir), "--src", str(src), "--ref", str(ref)]
+    for seed in (1, 2):
+        assert cli([*argv, "--branch-weights", "random", "--seed", str(seed)]) == 0
+    for seed in (1, 2):  # the second draw wrote beside the first, not over it
+        scores = json.loads((run_dir / "eval" / f"src.random-seed{seed}.scores.json").read_text())
+        assert scores["branch_weights"] == "random" and scores["seed"] == seed
+        assert (run_dir / "eval" / f"src.random-seed{seed}.hyp").is_file()
+    assert json.loads((run_dir / "scores.json").read_text())["seed"] == 2  # the latest
 
 
 def test_loading_something_that_is_not_a_run_is_a_clear_error(tmp_path, capsys):

@@ -277,6 +277,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.branch_weights != "learned":
         translator.set_branch_weights(args.branch_weights, seed=args.seed)
         name += f".{args.branch_weights}"
+        if args.branch_weights == "random":  # each draw its own files
+            name += f"-seed{args.seed}"
     if args.quantize != "none":  # its own files: never the float32 evaluation's
         name += f".{args.quantize}"
     if args.engine != "pytorch":
@@ -290,6 +292,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     scores = score_corpus(hyps, refs)
     scores["source"] = source  # what was scored: a corpus split, or the two files
     scores["branch_weights"] = args.branch_weights
+    scores["seed"] = args.seed if args.branch_weights == "random" else None
     scores["quantize"] = args.quantize
     scores["engine"] = args.engine
     scores["weights"] = args.weights
