@@ -45,7 +45,7 @@ from wtnmt.model import count_parameters  # noqa: E402
 from wtnmt.prune.criteria import importance_scores, kappa_alpha_scores, random_scores  # noqa: E402
 from wtnmt.prune.run import dev_loss_of, prune_run  # noqa: E402
 from wtnmt.rundir import load_run  # noqa: E402
-from wtnmt.runtime import machine_line  # noqa: E402
+from wtnmt.runtime import machine_line, tune_cpu_allocator  # noqa: E402
 
 CRITERIA = ("importance", "kappa-alpha", "random")
 
@@ -161,6 +161,7 @@ def main() -> int:
         "--plot-only", action="store_true", help="redraw OUT's table and figure from its JSON"
     )
     args = parser.parse_args()
+    tune_cpu_allocator()  # as `wtnmt prune` and `wtnmt translate` run
     if args.speed_only:
         return speed_only(args)
     if args.plot_only:
