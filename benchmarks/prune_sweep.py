@@ -155,6 +155,9 @@ def main() -> int:
     )
     parser.add_argument("--rounds", type=int, default=5, help="--speed-only's rounds (median)")
     parser.add_argument(
+        "--beam", type=int, help="--speed-only's beam width (default: the run's decode.beam)"
+    )
+    parser.add_argument(
         "--timing-rounds", type=int, default=3, help="decodes timed a point (median; 3)"
     )
     parser.add_argument(
@@ -297,7 +300,7 @@ def speed_only(args: argparse.Namespace) -> int:
     for k in range(results["branches_per_sublayer"] - 1, 0, -1):
         models[f"keep{k}"] = Translator.load(args.work / f"importance-keep{k}-ft0").model
     inputs = speed_inputs(full, sources)
-    beam = full.config.decode.beam
+    beam = args.beam or full.config.decode.beam
     architecture_speed(models, inputs[:2], beam=beam, rounds=1)  # warm-up
     results["speed_forced"] = {
         "length": LENGTH,
@@ -352,7 +355,8 @@ def write_table(results: dict[str, Any], path: Path) -> None:
             f"sources in batches of 32, models interleaved over {forced['rounds']} rounds, "
             f"medians; pruned by importance.",
             "",
-            "| branches a layer | parameters | greedy tok/s | beam tok/s | greedy | beam |",
+            f"| branches a layer | parameters | greedy tok/s | beam {forced['beam']} tok/s | "
+            f"greedy | beam {forced['beam']} |",
             "|---|---|---|---|---|---|",
         ]
         m = results["branches_per_sublayer"]
