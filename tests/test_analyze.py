@@ -345,3 +345,27 @@ def test_report_cells_give_one_form_a_column():
         "0.78",
     ]
     assert _cell(None) == "–" and _cell(7000) == "7000"
+
+
+def test_the_runs_table_says_which_weights_its_test_scores_are_of(runs, tmp_path):
+    import shutil
+
+    clones = [tmp_path / "runs" / run.name for run in runs]
+    for run, clone in zip(runs, clones, strict=True):
+        shutil.copytree(run, clone, ignore=shutil.ignore_patterns("*.safetensors", "checkpoints"))
+
+    def note(name: str) -> str:
+        analyze(clones, tmp_path / name, decode=False, say=lambda _: None)
+        summary = (tmp_path / name / "summary.md").read_text()
+        return summary.split("test: beam search with ", 1)[1].split(";", 1)[0]
+
+    assert note("best") == "the weights of the best dev BLEU"
+    for clone in clones:  # as `wtnmt experiment` scores with train.average
+        scores = json.loads((clone / "scores.json").read_text())
+        scores["test"]["average"] = 10
+        (clone / "scores.json").write_text(json.dumps(scores))
+    assert note("averaged") == "the mean of the last 10 checkpoints"
+    scores = json.loads((clones[0] / "scores.json").read_text())
+    del scores["test"]["average"]
+    (clones[0] / "scores.json").write_text(json.dumps(scores))
+    assert note("mixed").startswith("the weights each run's scores.json names")

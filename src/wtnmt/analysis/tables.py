@@ -118,6 +118,16 @@ def _ratio(value: float | None, reference: float | None) -> float | None:
     return None if value is None or not reference else round(value / reference, 2)
 
 
+def _test_weights(runs: list[Run]) -> str:
+    """Which weights the runs' test scores are of, as their scores.json say."""
+    averaged = {run.test("average") for run in runs if run.test("bleu") is not None}
+    if len(averaged) == 1 and (n := averaged.pop()):
+        return f"the mean of the last {n} checkpoints"
+    if not averaged or averaged == {None}:
+        return "the weights of the best dev BLEU"
+    return "the weights each run's scores.json names (the best dev BLEU's or an average)"
+
+
 def runs_table(runs: list[Run]) -> Table:
     table = Table(
         "Runs",
@@ -133,8 +143,8 @@ def runs_table(runs: list[Run]) -> Table:
             "test chrF",
             "test BLEU lc",
         ],
-        note="dev BLEU: greedy decoding at each validation; test: beam search with the "
-        "weights of the best dev BLEU; BLEU lc: lowercased (the Multi30k literature's); "
+        note=f"dev BLEU: greedy decoding at each validation; test: beam search with "
+        f"{_test_weights(runs)}; BLEU lc: lowercased (the Multi30k literature's); "
         "ms/step: seconds of updates per step; tgt tok/s: median over logged windows",
     )
     for run in runs:
