@@ -113,6 +113,18 @@ class RunMetrics:
         scored = [v for v in self.valid if "valid_bleu" in v]
         return max(scored, key=lambda v: v["valid_bleu"]) if scored else None
 
+    def steps_near_best(self, margin: float = 0.5) -> int | None:
+        """The step of the first validation within ``margin`` dev BLEU of the run's own best:
+        when it reached its plateau, whatever the plateau's height."""
+        best = self.best_valid
+        if best is None:
+            return None
+        return next(
+            v["step"]
+            for v in self.valid
+            if v.get("valid_bleu", -math.inf) >= best["valid_bleu"] - margin
+        )
+
     def tokens_per_second(self) -> float | None:
         """Median target tokens a second over the logged windows (a window with a validation
         or a checkpoint in it counts that time too; the median leaves those out)."""

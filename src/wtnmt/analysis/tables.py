@@ -139,13 +139,15 @@ def runs_table(runs: list[Run]) -> Table:
             "ms/step",
             "tgt tok/s",
             "best dev BLEU (step)",
+            "steps to best − 0.5",
             "test BLEU",
             "test chrF",
             "test BLEU lc",
         ],
         note=f"dev BLEU: greedy decoding at each validation; test: beam search with "
         f"{_test_weights(runs)}; BLEU lc: lowercased (the Multi30k literature's); "
-        "ms/step: seconds of updates per step; tgt tok/s: median over logged windows",
+        "ms/step: seconds of updates per step; tgt tok/s: median over logged windows; "
+        "steps to best − 0.5: the first validation within 0.5 dev BLEU of the run's own best",
     )
     for run in runs:
         best = run.metrics.best_valid
@@ -159,6 +161,7 @@ def runs_table(runs: list[Run]) -> Table:
                 run.ms_per_step,
                 None if rate is None else round(rate),
                 None if best is None else f"{best['valid_bleu']:.2f} ({best['step']})",
+                run.metrics.steps_near_best(),
                 run.test("bleu"),
                 run.test("chrf"),
                 run.test("bleu_lc"),
@@ -178,6 +181,7 @@ def groups_table(runs: list[Run]) -> Table:
             "ms/step",
             "tgt tok/s",
             "best dev BLEU",
+            "steps to best − 0.5",
             "test BLEU",
             "test chrF",
             "test BLEU lc",
@@ -193,6 +197,7 @@ def groups_table(runs: list[Run]) -> Table:
             [r.ms_per_step for r in members],
             [r.metrics.tokens_per_second() for r in members],
             [(r.metrics.best_valid or {}).get("valid_bleu") for r in members],
+            [r.metrics.steps_near_best() for r in members],
             [r.test("bleu") for r in members],
             [r.test("chrf") for r in members],
             [r.test("bleu_lc") for r in members],
