@@ -99,9 +99,15 @@ class ModelConfig:
 
     def kept(self, side: Literal["encoder", "decoder"], layer: int) -> int:
         """How many branches the branched sublayer of ``side``'s layer ``layer`` has."""
+        return len(self.branch_numbers(side, layer))
+
+    def branch_numbers(self, side: Literal["encoder", "decoder"], layer: int) -> list[int]:
+        """The numbers, from 1, that the branches of ``side``'s layer ``layer`` (encoder
+        self-attention, decoder cross-attention) had in the model as trained: 1…M unless
+        pruning removed some, so that a pruned model's branch 3 is the full model's branch 3."""
         if self.kept_branches is None:
-            return self.heads
-        return len(getattr(self.kept_branches, side)[layer])
+            return list(range(1, self.heads + 1))
+        return [i + 1 for i in getattr(self.kept_branches, side)[layer]]
 
 
 # the Weighted Transformer's own options and their defaults

@@ -23,35 +23,21 @@ from wtnmt.model.branched import BranchedAttention
 
 Side = Literal["encoder", "decoder"]
 Sublayer = tuple[Side, int]  # ("encoder", i): encoder layer i's branched self-attention
-# the sublayers pruning touches: side → (the layers' list, the attention in each layer)
-_PRUNABLE: dict[Side, tuple[str, str]] = {
-    "encoder": ("encoder_layers", "self_attn"),
-    "decoder": ("decoder_layers", "cross_attn"),
-}
 
 
 def branched_sublayers(model: nn.Module) -> dict[Sublayer, tuple[str, BranchedAttention]]:
     """Every branched sublayer of a Weighted Transformer: (side, layer) → (its name in the
     state dict, the module). Encoder layers' self-attention, decoder layers' cross-attention."""
     found: dict[Sublayer, tuple[str, BranchedAttention]] = {}
-    for side, (attr, child) in _PRUNABLE.items():
+    for side, attr, child in (
+        ("encoder", "encoder_layers", "self_attn"),
+        ("decoder", "decoder_layers", "cross_attn"),
+    ):
         for i, layer in enumerate(getattr(model, attr)):
             module = getattr(layer, child)
             if isinstance(module, BranchedAttention):
                 found[(side, i)] = (f"{attr}.{i}.{child}", module)  # type: ignore[index]
     return found
-
-
-def branch_numbers(config: ModelConfig, name: str, count: int) -> list[int]:
-    """The numbers, from 1, of the ``count`` branches of the sublayer ``name`` (as
-    :func:`branch_weight_table` names it) in the model they were trained in: 1…count unless
-    pruning removed some, so that a pruned model's branch 3 is the full model's branch 3."""
-    attr, layer, child = [*name.split("."), "", ""][:3]
-    if config.kept_branches is not None:
-        for side, prunable in _PRUNABLE.items():
-            if prunable == (attr, child) and layer.isdigit():
-                return [i + 1 for i in getattr(config.kept_branches, side)[int(layer)]]
-    return list(range(1, count + 1))
 
 
 def _branch_slices(module: BranchedAttention, keep: Tensor) -> dict[str, Tensor]:
@@ -125,10 +111,4 @@ def branches_masked(model: nn.Module, masked: Mapping[Sublayer, Sequence[int]]) 
                 alpha.copy_(value)
 
 
-__all__ = [
-    "branch_numbers",
-    "branched_sublayers",
-    "branches_masked",
-    "prune_state",
-    "pruned_config",
-]
+__all__ = ["branched_sublayers", "branches_masked", "prune_state", "pruned_config"]

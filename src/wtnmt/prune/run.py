@@ -230,8 +230,12 @@ def prune_run(
         seed=seed,
         fine_tune_steps=fine_tune,
     )
-    if fine_tune:  # the fine-tune's settings hold, before any measuring
-        fine_tune_config(config, fine_tune, run=run, overrides=overrides)
+    # the fine-tune's settings (train.* only) hold, before any measuring
+    tuned_train = (
+        fine_tune_config(config, fine_tune, run=run, overrides=overrides).train
+        if fine_tune
+        else None
+    )
     model.eval()
     sizes = {k: [0.0] * m.w_out.size(0) for k, (_, m) in branched_sublayers(model).items()}
     select(sizes, keep=keep, keep_total=keep_total)  # the budget fits, before any measuring
@@ -273,7 +277,7 @@ def prune_run(
     if fine_tune:
         from wtnmt.train import Trainer
 
-        tuned = fine_tune_config(pruned, fine_tune, run=run, overrides=overrides)
+        tuned = dataclasses.replace(pruned, train=tuned_train)
         log(f"fine-tuning {out} for {fine_tune} updates (peak lr {tuned.train.peak_lr:g})")
         trainer = Trainer(tuned, out, initial_weights=state)
         trainer.run()

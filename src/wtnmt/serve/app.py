@@ -26,7 +26,7 @@ from wtnmt import __version__
 from wtnmt.config import ConfigError, config_to_dict
 from wtnmt.decode.translator import Translator
 from wtnmt.model import branch_weight_table, count_parameters
-from wtnmt.model.pruning import branch_numbers
+from wtnmt.model.pruning import branched_sublayers
 from wtnmt.serve.batcher import Batcher
 from wtnmt.serve.errors import ApiError
 from wtnmt.serve.metrics import Metrics
@@ -156,6 +156,10 @@ def model_info(
     request translates with replaced ones."""
     config = config_to_dict(translator.config)
     table = branch_weight_table(translator.model)
+    # each branch's number in the trained model (a pruned one skips some); sublayers pruning
+    # never touches (a weighted decoder self-attention) keep theirs all
+    sublayers = {name: key for key, (name, _) in branched_sublayers(translator.model).items()}
+    model = translator.config.model
     return {
         "name": name,
         "architecture": "weighted-transformer" if table else "transformer",
@@ -167,11 +171,12 @@ def model_info(
         "vocabulary_size": len(translator.vocab),
         # data paths are the server's business; the model and search are the client's
         "config": {"model": config["model"], "decode": config["decode"]},
-        # "branches": each branch's number in the trained model (a pruned one skips some)
         "branch_weights": [
             {
                 "layer": layer,
-                "branches": branch_numbers(translator.config.model, layer, len(w["kappa"])),
+                "branches": model.branch_numbers(*sublayers[layer])
+                if layer in sublayers
+                else list(range(1, len(w["kappa"]) + 1)),
                 **w,
             }
             for layer, w in table.items()

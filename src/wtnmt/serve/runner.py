@@ -12,7 +12,6 @@ from typing import Any, Literal
 
 from wtnmt.decode.translator import Translation, Translator
 from wtnmt.model import branch_weights_overridden
-from wtnmt.model.pruning import branch_numbers
 from wtnmt.serve.metrics import Metrics
 
 BranchMode = Literal["learned", "uniform", "random"]
@@ -78,9 +77,7 @@ class ModelRunner:
                     "layer": n,
                     "kappa": layer.kappa,
                     "alpha": layer.alpha,
-                    "branches": branch_numbers(
-                        t.config.model, f"decoder_layers.{n}.cross_attn", len(layer.maps)
-                    ),
+                    "branches": t.config.model.branch_numbers("decoder", n),
                     # [M][T][S]: branch (head) m, output token t, source token s
                     "maps": [
                         [[round(p, 4) for p in row] for row in m] for m in layer.maps.tolist()
