@@ -360,7 +360,7 @@ def test_a_pruned_run_serves_with_its_branches_and_their_attention(run, tmp_path
 
 
 def test_prune_keeps_freed_memory_as_train_does(run, tmp_path, monkeypatch):
-    # without the allocator setting `wtnmt train` makes, a fine-tune's steps were 1.4× slower
+    # without the allocator setting `wtnmt train` makes, a fine-tune's steps were 1.5× slower
     import wtnmt.runtime
 
     calls = []

@@ -20,7 +20,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         raise ConfigError("--set sets the fine-tune's training: give --fine-tune STEPS too")
     if args.threads:
         torch.set_num_threads(args.threads)
-    # as `wtnmt train` does: without it a fine-tune's steps were 1.4× slower (2 cores, bf16;
+    # as `wtnmt train` does: without it a fine-tune's steps were 1.5× slower (2 cores, bf16;
     # half the time in the kernel, page-faulting each step's large tensors in anew)
     tune_cpu_allocator()
     bar = None
