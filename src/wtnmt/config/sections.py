@@ -275,6 +275,10 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     patience: int | None = None
     best_metric: Literal["loss", "bleu"] = "loss"
+    # what patience counts validations without improving: "best_metric" (the metric that
+    # picks the best weights), or "loss_or_bleu" (either: the run stops once neither dev loss,
+    # fairseq's patience metric, nor dev BLEU has improved in `patience` validations)
+    patience_on: Literal["best_metric", "loss_or_bleu"] = "best_metric"
     valid_bleu: bool = True  # BLEU of greedy decoding of the dev set at each validation
     threads: int | None = None
     disagreement: DisagreementConfig = field(default_factory=DisagreementConfig)

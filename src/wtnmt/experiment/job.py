@@ -16,7 +16,7 @@ from typing import Any
 from wtnmt.analysis.metrics import RunMetrics
 from wtnmt.analysis.scoring import score_run
 from wtnmt.config import load_config
-from wtnmt.experiment.runner import write_finished
+from wtnmt.experiment.runner import scored, write_finished
 
 
 def training_summary(run_dir: Path) -> dict[str, Any]:
@@ -59,6 +59,16 @@ def evaluate(run_dir: Path, spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _scored_as_trained(run_dir: Path, asked: dict[str, Any]) -> bool:
+    """Whether ``scores.json`` already holds the scores ``asked`` of the weights the run has
+    now: a resume that stopped at once (another stopping rule, already met) trained nothing,
+    and its scores, with what ``wtnmt evaluate`` added to them, are kept."""
+    if not scored(run_dir, asked):
+        return False
+    recorded = json.loads((run_dir / "scores.json").read_text(encoding="utf-8"))
+    return recorded.get("steps") == training_summary(run_dir)["steps"]
+
+
 def main(argv: list[str]) -> int:
     from wtnmt.runtime import tune_cpu_allocator
     from wtnmt.train import Trainer
@@ -70,7 +80,7 @@ def main(argv: list[str]) -> int:
         config = load_config(spec["preset"], spec["overrides"])
         state = Trainer(config, run_dir, resume=spec["resume"], log_to_stderr=True).run()
         write_finished(run_dir, asdict(state))
-    if spec["evaluate"]:
+    if spec["evaluate"] and not _scored_as_trained(run_dir, spec["evaluate"]):
         scores = {"run": run_dir.name, **training_summary(run_dir), **evaluate(run_dir, spec)}
         split = spec["evaluate"]["split"]
         (run_dir / "scores.json").write_text(json.dumps(scores, indent=2) + "\n")

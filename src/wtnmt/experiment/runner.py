@@ -5,8 +5,8 @@ What a run directory holds decides what is left to do with it:
 
 - no complete checkpoint: train it (a directory where a run died before its first checkpoint
   starts over, as ``wtnmt train`` allows);
-- a checkpoint of a run that has not finished, or finished on a smaller budget than the grid
-  now asks: resume it;
+- a checkpoint of a run that has not finished, or finished on another budget or patience
+  rule than the grid now asks: resume it (a run the rule asked says is done stops at once);
 - finished: only the scores, if they are missing.
 
 A run directory trained with other settings than the grid asks (anything but the budget) is
@@ -63,6 +63,9 @@ def _recorded_config(run_dir: Path) -> dict[str, Any] | None:
 
 
 FINISHED = "finished.json"  # written when a run has finished: committed, unlike the weights
+# when a run ends: a run finished on another budget, or under another stopping rule, goes on
+# from its last checkpoint (and stops at once where the rule asked now says it is done)
+BUDGET = ("max_time", "max_steps", "max_epochs", "patience", "patience_on")
 
 
 def plan_task(spec: RunSpec, grid: Grid, *, record: bool = False) -> Task | None:
@@ -92,17 +95,15 @@ def plan_task(spec: RunSpec, grid: Grid, *, record: bool = False) -> Task | None
             f"{spec.run_dir}: trained with other settings than {grid.path} asks "
             f"({'; '.join(differences)}); rename the run in the grid or move the directory"
         )
-    same_budget = all(
-        recorded.get("train", {}).get(k) == asked["train"][k]
-        for k in ("max_time", "max_steps", "max_epochs")
-    )
+    same_budget = all(recorded.get("train", {}).get(k) == asked["train"][k] for k in BUDGET)
     if found is None:  # finished, and only its small results are here
         if not same_budget:
             raise ConfigError(
-                f"{spec.run_dir}: finished on another budget, and its checkpoints are not here "
+                f"{spec.run_dir}: finished on another budget or stopping rule, and its "
+                f"checkpoints are not here "
                 f"to continue from; restore them, or rename the run in the grid"
             )
-        if evaluate and not _scored(spec.run_dir, grid.evaluate or {}):
+        if evaluate and not scored(spec.run_dir, grid.evaluate or {}):
             raise ConfigError(
                 f"{spec.run_dir}: finished but not scored, and its weights are not here"
             )
@@ -112,7 +113,7 @@ def plan_task(spec: RunSpec, grid: Grid, *, record: bool = False) -> Task | None
         return Task(spec, train=True, resume=True, evaluate=evaluate)
     if record and not marker.is_file():
         write_finished(spec.run_dir, state)
-    if evaluate and not _scored(spec.run_dir, grid.evaluate or {}):
+    if evaluate and not scored(spec.run_dir, grid.evaluate or {}):
         return Task(spec, train=False, resume=False, evaluate=True)
     return None
 
@@ -127,7 +128,7 @@ def write_finished(run_dir: Path, state: dict[str, Any]) -> None:
 def _train_differences(recorded: dict[str, Any], asked: dict[str, Any]) -> list[str]:
     """Training settings (config_differences compares model and data) other than the budget
     and the thread count (which change no result)."""
-    skip = {"max_time", "max_steps", "max_epochs", "threads"}
+    skip = {*BUDGET, "threads"}
     before, after = recorded.get("train", {}), asked["train"]
     return [
         f"train.{k}: {before.get(k)!r} → {after[k]!r}"
@@ -136,7 +137,7 @@ def _train_differences(recorded: dict[str, Any], asked: dict[str, Any]) -> list[
     ]
 
 
-def _scored(run_dir: Path, evaluate: dict[str, Any]) -> bool:
+def scored(run_dir: Path, evaluate: dict[str, Any]) -> bool:
     path = run_dir / "scores.json"
     if not path.is_file():
         return False

@@ -62,6 +62,27 @@ def progress_bar(train, state: TrainState):  # type: ignore[no-untyped-def]
     return tqdm(total=train.max_steps, initial=state.step, unit="step", dynamic_ncols=True)
 
 
+def recorded_validations(run_dir: Path, up_to: int) -> list[tuple[float, float | None]]:
+    """(dev loss, dev BLEU) of every validation ``metrics.jsonl`` records up to step
+    ``up_to``, in step order (a step a resume validated again counts once, as last logged);
+    nothing where the file is missing."""
+    found: dict[int, tuple[float, float | None]] = {}
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        if '"valid_loss"' not in line:
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:  # a line cut short by a crash
+            continue
+        if entry["step"] <= up_to:
+            found[entry["step"]] = (entry["valid_loss"], entry.get("valid_bleu"))
+    return [found[step] for step in sorted(found)]
+
+
 class RunReport:
     def __init__(self, run_dir: Path, *, is_main: bool, to_stderr: bool) -> None:
         self.run_dir, self.is_main, self.to_stderr = run_dir, is_main, to_stderr

@@ -27,6 +27,7 @@ class Resumed:
     state: TrainState
     precision: str | None  # train.precision the run was trained in, where recorded
     processes: int  # how many processes saved it (each with its own random state)
+    stopping: tuple[str, str]  # train.patience_on and train.best_metric it was trained with
 
 
 def save_training(
@@ -98,8 +99,15 @@ def restore_training(
     torch.set_rng_state(rng["cpu"])
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state(rng["cuda"])
-    precision = (saved.get("config") or {}).get("train", {}).get("precision")
-    return Resumed(path=path, state=state, precision=precision, processes=len(per_rank))
+    trained = (saved.get("config") or {}).get("train", {})
+    return Resumed(
+        path=path,
+        state=state,
+        precision=trained.get("precision"),
+        processes=len(per_rank),
+        # a checkpoint older than train.patience_on counted patience on best_metric
+        stopping=(trained.get("patience_on", "best_metric"), trained.get("best_metric", "loss")),
+    )
 
 
 __all__ = ["Resumed", "restore_training", "save_training"]

@@ -147,6 +147,36 @@ def step_budget(max_steps: int | None, max_epochs: int | None, per_epoch: int | 
     return by_epochs if max_steps is None else min(max_steps, by_epochs)
 
 
+def count_patience(state, config, *, loss: float, bleu: float | None, improved_best: bool) -> None:  # type: ignore[no-untyped-def]
+    """One validation's dev ``loss`` and ``bleu`` into the patience count of ``state`` (a
+    TrainState) under ``config`` (its TrainConfig): the count starts again where the
+    validation improved on what ``train.patience_on`` watches (``improved_best``: it improved
+    on ``train.best_metric``, which picks the best weights) and grows by one where not."""
+    s = state
+    better_loss = s.best_loss is None or loss < s.best_loss
+    better_bleu = bleu is not None and (s.best_bleu is None or bleu > s.best_bleu)
+    if better_loss:
+        s.best_loss = loss
+    if better_bleu:
+        s.best_bleu = bleu
+    improved = better_loss or better_bleu if config.patience_on == "loss_or_bleu" else improved_best
+    s.bad_validations = 0 if improved else s.bad_validations + 1
+
+
+def replay_patience(state, config, validations: list[tuple[float, float | None]]) -> None:  # type: ignore[no-untyped-def]
+    """The patience count of ``state`` made again from a run's validations so far, (dev
+    loss, dev BLEU) in order, under ``config``: for a run resumed under another stopping rule
+    than it trained with, which goes on (or stops) as if it had been trained under this one."""
+    state.best_loss = state.best_bleu = None
+    state.bad_validations = 0
+    best = None
+    for loss, bleu in validations:
+        metric = loss if config.best_metric == "loss" or bleu is None else -bleu
+        improved = best is None or metric < best
+        best = metric if improved else best
+        count_patience(state, config, loss=loss, bleu=bleu, improved_best=improved)
+
+
 def stop_reason(state, config) -> str | None:  # type: ignore[no-untyped-def]
     """Why a run with ``state`` (a TrainState) should stop under ``config`` (its TrainConfig),
     or None while it should go on."""

@@ -24,7 +24,9 @@ class TrainState:
     elapsed: float = 0.0  # seconds of training, summed over resumed runs
     best: float | None = None
     best_step: int | None = None
-    bad_validations: int = 0
+    bad_validations: int = 0  # validations since patience last saw an improvement
+    best_loss: float | None = None  # the lowest dev loss and highest dev BLEU so far
+    best_bleu: float | None = None
     nonfinite_total: int = 0
     nonfinite_run: int = 0
     finished: str | None = None  # why the run stopped, once it has

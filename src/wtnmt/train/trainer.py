@@ -31,11 +31,13 @@ from wtnmt.model import BranchWeights, build_model
 from wtnmt.rundir import RunDirectory, latest_checkpoint, save_weights
 from wtnmt.runtime import bound_onednn_caches, resolve_precision
 from wtnmt.train.loop import TrainingLoop
-from wtnmt.train.report import RunReport
+from wtnmt.train.report import RunReport, recorded_validations
 from wtnmt.train.resume import restore_training, save_training
 from wtnmt.train.schedule import (
     branch_weights_frozen,
+    count_patience,
     learning_rates,
+    replay_patience,
     run_progress,
     step_budget,
     stop_reason,
@@ -193,6 +195,14 @@ class Trainer(TrainingLoop):
             f"resumed from {resumed.path.name}: step {s.step}, epoch {s.epoch}, batch "
             f"{s.batch_in_epoch}"
         )
+        if resumed.stopping != (self.tc.patience_on, self.tc.best_metric):
+            validations = recorded_validations(self.run_dir, s.step)
+            replay_patience(s, self.tc, validations)
+            self.log(
+                f"train.patience_on={self.tc.patience_on} (trained with "
+                f"{resumed.stopping[0]}): {s.bad_validations} of the run's "
+                f"{len(validations)} validations since patience last saw an improvement"
+            )
         # train.precision: auto keeps the precision the run was trained in (fp32 was the
         # default before auto); a precision stated for the resume is used as stated
         if self.tc.precision == "auto" and resumed.precision in ("fp32", "bf16"):
@@ -313,21 +323,27 @@ class Trainer(TrainingLoop):
 
     def _validate_and_keep_best(self) -> None:
         scores = self.validate()
-        if self.tc.best_metric == "bleu" and "valid_bleu" not in scores:
-            raise TrainingError(
-                "train.best_metric='bleu' needs dev BLEU: set "
-                "train.valid_bleu=true and train on data with a vocabulary"
-            )
+        for key, value in (("best_metric", "bleu"), ("patience_on", "loss_or_bleu")):
+            if getattr(self.tc, key) == value and "valid_bleu" not in scores:
+                raise TrainingError(
+                    f"train.{key}={value!r} needs dev BLEU: set "
+                    "train.valid_bleu=true and train on data with a vocabulary"
+                )
         # the best is the lowest: loss as it is, BLEU negated
         metric = -scores["valid_bleu"] if self.tc.best_metric == "bleu" else scores["valid_loss"]
         s = self.state
         improved = s.best is None or metric < s.best
         if improved:
-            s.best, s.best_step, s.bad_validations = metric, s.step, 0
+            s.best, s.best_step = metric, s.step
             if self.is_main:
                 save_weights(self.model, self.run_dir / "model.safetensors")
-        else:
-            s.bad_validations += 1
+        count_patience(
+            s,
+            self.tc,
+            loss=scores["valid_loss"],
+            bleu=scores.get("valid_bleu"),
+            improved_best=improved,
+        )
         self.record(
             {
                 "step": s.step,
