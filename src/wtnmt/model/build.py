@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from wtnmt.config import ModelConfig
-from wtnmt.model.attention import MultiHeadAttention
+from wtnmt.model.attention import HeadProjection, MultiHeadAttention
 from wtnmt.model.branched import BranchedAttention, WeightedAttention
 from wtnmt.model.embedding import Positions, TokenEmbedding
 from wtnmt.model.layers import DecoderLayer, EncoderLayer, FeedForward
@@ -91,7 +92,7 @@ def build_model(config: ModelConfig, *, vocab_size: int, pad_id: int = PAD) -> S
             decoder_layers=c.decoder_layers,
             dropout=c.transparent_dropout,
         )
-    return Seq2Seq(
+    model = Seq2Seq(
         embedding=TokenEmbedding(vocab_size=vocab_size, d_model=c.d_model, pad_id=pad_id),
         positions=Positions(
             max_positions=c.max_positions, d_model=c.d_model, learned=c.positions == "learned"
@@ -102,3 +103,9 @@ def build_model(config: ModelConfig, *, vocab_size: int, pad_id: int = PAD) -> S
         transparent=transparent,
         dropout=c.dropout,
     )
+    if c.qkv_init_gain != 1.0:  # Xavier with a gain draws the same numbers times the gain
+        with torch.no_grad():
+            for module in model.modules():
+                if isinstance(module, HeadProjection):
+                    module.weight.mul_(c.qkv_init_gain)
+    return model
