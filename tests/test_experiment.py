@@ -361,6 +361,19 @@ def test_committed_results_stay_small():
     assert not kinds & {".safetensors", ".pt", ".html", ".log"}, kinds
 
 
+@pytest.mark.parametrize("path", GRIDS, ids=[p.name for p in GRIDS])
+def test_every_committed_grid_knows_its_committed_runs_as_done(path):
+    """A preset's defaults may change (the m30k presets' init did); a grid whose runs were
+    trained before states what they were trained with, so that its finished runs stay done
+    rather than refused as trained with other settings."""
+    root = Path(__file__).resolve().parent.parent
+    grid = load_grid(path)
+    tracked = {p.relative_to(root) for p in _committable(root, tracked_only=True)}
+    done = [s for s in grid.runs if Path(s.run_dir) / "finished.json" in tracked]
+    for spec in done:
+        assert plan_task(dataclasses.replace(spec, run_dir=root / spec.run_dir), grid) is None
+
+
 @pytest.mark.parametrize("name", ["multi30k-en-de.yaml", "multi30k-ablations.yaml"])
 def test_committed_runs_are_skipped_without_their_weights_logs_or_reports(tmp_path, name):
     """A clone holds only the small results: the runner knows each run as done and
