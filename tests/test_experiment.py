@@ -226,7 +226,8 @@ def test_a_clone_of_committed_results_is_known_as_finished(tmp_path):
         subprocess.run(["rm", "-r", str(target)], check=True)
     assert plan_task(grid.runs[0], grid) is None  # done, nothing retrained
     longer = load_grid(write_grid(tmp_path, seeds=[1], analyze=False, budget={"max_steps": 9}))
-    with pytest.raises(ConfigError, match="finished on another budget, and its checkpoints"):
+    refused = "finished on another budget or stopping rule, and its checkpoints"
+    with pytest.raises(ConfigError, match=refused):
         plan_task(longer.runs[0], longer)
 
 
