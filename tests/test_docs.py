@@ -1,9 +1,11 @@
 """The documents' commands run as written: every `wtnmt ...` line of a shell block in the
 README and docs/ parses with the real command line, every documented grid plans its runs
-(`--dry-run`), and every file, script or link a document names exists in the repository."""
+(`--dry-run`), every file, script or link a document names exists in the repository, and
+every config key it names is one."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from pathlib import Path
@@ -12,6 +14,7 @@ import pytest
 
 from wtnmt.cli import build_parser
 from wtnmt.cli import main as cli
+from wtnmt.config.sections import DataConfig, DecodeConfig, ModelConfig, TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = [
@@ -109,3 +112,24 @@ def test_no_document_points_outside_the_repository():
 def test_the_readme_stays_a_users_guide():
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= 250, f"README.md has {len(lines)} lines: move the details to docs/"
+
+
+def test_every_config_key_the_documents_name_exists():
+    """A key like `model.qkv_init_gain` in a document is a field of its section, so a renamed
+    or removed key cannot live on in the docs (`model.safetensors` is the weights file)."""
+    sections = {
+        "data": DataConfig,
+        "model": ModelConfig,
+        "train": TrainConfig,
+        "decode": DecodeConfig,
+    }
+    named = 0
+    for path in DOCUMENTS:
+        text = path.read_text(encoding="utf-8")
+        for section, key in re.findall(r"`(data|model|train|decode)\.(\w+)(?![\w.])", text):
+            if f"{section}.{key}" == "model.safetensors":
+                continue
+            fields = {f.name for f in dataclasses.fields(sections[section])}
+            assert key in fields, f"{path.name}: `{section}.{key}` is not a config key"
+            named += 1
+    assert named > 20
