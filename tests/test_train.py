@@ -392,3 +392,16 @@ def test_precision_auto_is_bf16_where_the_hardware_has_it_and_the_log_says_which
     trainer.run()
     log = (tmp_path / "run" / "train.log").read_text()
     assert "in bf16 autocast (train.precision=auto)" in log
+
+
+def test_bf16_asked_of_a_cpu_that_emulates_it_is_warned_of(tmp_path, monkeypatch):
+    from wtnmt import runtime
+
+    for native, warned in ((False, True), (True, False)):
+        monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda native=native: native)
+        run = tmp_path / f"run-{native}"
+        config = tiny_run_config(tmp_path, train={"precision": "bf16", "max_steps": 1})
+        Trainer(config, run, **QUIET).run()
+        log = (run / "train.log").read_text()
+        assert "in bf16 autocast," in log  # as asked: a stated precision stands
+        assert ("bf16 instructions" in log and "emulated" in log) == warned

@@ -33,6 +33,7 @@ from wtnmt.config import ConfigError, config_to_dict
 from wtnmt.experiment.grid import Grid, RunSpec
 from wtnmt.rundir import RunDirectory, latest_checkpoint
 from wtnmt.rundir.run import MARK, config_differences, with_defaults
+from wtnmt.runtime import emulated_bf16_warning
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,17 @@ def _prepare_data(grid: Grid, tasks: list[Task], say) -> None:  # type: ignore[n
             prepare(data, data.prepared_path(), log=say)
 
 
+def _emulated_bf16(spec: RunSpec) -> bool:
+    """Whether the run would train in bf16 autocast on a CPU that emulates bf16."""
+    train = spec.config().train
+    device = train.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return emulated_bf16_warning(train.precision, device) is not None
+
+
 def _launch(task: Task, grid: Grid) -> subprocess.Popen:
     spec = task.spec
     spec.run_dir.mkdir(parents=True, exist_ok=True)
@@ -248,6 +260,10 @@ def run_grid(  # type: ignore[no-untyped-def]
     )
     for task in tasks:
         say(f"  {task.spec.name}: {task.what}")
+    emulated = [t.spec.name for t in tasks if t.train and _emulated_bf16(t.spec)]
+    if emulated:
+        warning = emulated_bf16_warning("bf16", "cpu")
+        say(f"{grid.path}: {warning} ({', '.join(emulated)})")
     if dry_run:
         return {**outcome, **{t.spec.name: t.what for t in tasks}}
     deadline = None if stop_after is None else time.perf_counter() + stop_after
