@@ -33,7 +33,7 @@ test-slow: setup
 # AVX-512, no native bf16), so that a newer CPU checks the older path too.
 AVX2_TESTS := tests/test_model.py tests/test_branched.py tests/test_dropout.py tests/test_loss.py \
 	tests/test_train.py tests/test_resume.py tests/test_schedule.py tests/test_decode.py tests/test_length_penalty.py \
-	tests/test_quantize.py tests/test_prune.py
+	tests/test_quantize.py tests/test_prune.py tests/test_precision.py
 test-avx2: setup
 	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(BIN)/python -m pytest -q $(AVX2_TESTS)
 

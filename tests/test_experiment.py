@@ -429,22 +429,3 @@ def test_only_runs_the_runs_named_and_leaves_the_report_for_later(tmp_path, caps
     assert not (tmp_path / "report").exists()
     assert main(["experiment", str(path), "--only", "nothing-*"]) == 2
     assert "--only 'nothing-*': no run of" in capsys.readouterr().err
-
-
-def test_a_grid_asking_bf16_of_a_cpu_that_emulates_it_is_warned_of(tmp_path, monkeypatch):
-    from wtnmt import runtime
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    fp32 = {"name": "plain", "preset": "weighted-tiny", "set": {"train.precision": "fp32"}}
-    bf16 = {"name": "half", "preset": "weighted-tiny", "set": {"train.precision": "bf16"}}
-    path = write_grid(tmp_path, runs=[fp32, bf16], seeds=[1])
-    for native in (False, True):
-        monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda native=native: native)
-        said: list[str] = []
-        run_grid(load_grid(path), dry_run=True, say=said.append)
-        warnings = [line for line in said if "emulated" in line]
-        if native:
-            assert warnings == []
-        else:
-            assert len(warnings) == 1 and warnings[0].endswith("(half-s1)")
-            assert warnings[0].startswith(f"{path}: warning: train.precision bf16")

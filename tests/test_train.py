@@ -372,36 +372,3 @@ def test_the_metrics_end_with_the_last_step_whatever_log_every_is(tmp_path):
     logged = [e["step"] for e in entries if "loss" in e]
     assert logged == [3, 5]  # 5: the two updates after the last log line, at the stop
     assert entries[-2]["branch_weights"]  # the final κ/α are there to draw
-
-
-def test_precision_auto_is_bf16_where_the_hardware_has_it_and_the_log_says_which(
-    tmp_path, monkeypatch
-):
-    from wtnmt import runtime
-
-    cpu = torch.device("cpu")
-    for native, expected in ((True, "bf16"), (False, "fp32")):
-        monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda native=native: native)
-        assert runtime.resolve_precision("auto", cpu) == expected
-        assert runtime.resolve_precision("fp32", cpu) == "fp32"  # a stated precision stands
-        assert runtime.resolve_precision("bf16", cpu) == "bf16"
-    monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: True)
-    config = tiny_run_config(tmp_path, train={"precision": "auto", "max_steps": 2})
-    trainer = Trainer(config, tmp_path / "run", **QUIET)
-    assert trainer.precision == "bf16"
-    trainer.run()
-    log = (tmp_path / "run" / "train.log").read_text()
-    assert "in bf16 autocast (train.precision=auto)" in log
-
-
-def test_bf16_asked_of_a_cpu_that_emulates_it_is_warned_of(tmp_path, monkeypatch):
-    from wtnmt import runtime
-
-    for native, warned in ((False, True), (True, False)):
-        monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda native=native: native)
-        run = tmp_path / f"run-{native}"
-        config = tiny_run_config(tmp_path, train={"precision": "bf16", "max_steps": 1})
-        Trainer(config, run, **QUIET).run()
-        log = (run / "train.log").read_text()
-        assert "in bf16 autocast," in log  # as asked: a stated precision stands
-        assert ("bf16 instructions" in log and "emulated" in log) == warned
