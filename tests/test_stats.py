@@ -3,6 +3,7 @@ density and closed forms, Welch's t by hand, the permutation test by counting sp
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -87,6 +88,31 @@ def test_the_seeds_table_tests_each_model_against_the_first(tmp_path):
     assert bleu[4:7] == [round(t, 2), round(df, 1), round(p, 4)]
     assert bleu[7] == pytest.approx(0.1)
     assert seeds_test_table(runs[:1] + runs[3:4]) is None  # one seed a side: nothing to test
+
+
+def test_the_seeds_table_tests_best_dev_bleu_and_moses_bleu_too(tmp_path):
+    runs = []
+    for model, devs in (
+        ("transformer", [[20.0, 35.0], [21.0, 36.0]]),
+        ("weighted", [[30.0, 33.0], [31.0, 32.5]]),
+    ):
+        for seed, dev in enumerate(devs, 1):
+            run = _run(tmp_path, f"{model}-s{seed}", 40.0 + seed)
+            lines = [
+                {"step": 100 * (i + 1), "valid_loss": 3.0, "valid_bleu": b}
+                for i, b in enumerate(dev)
+            ]
+            (run.path / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+            run.scores["test"]["bleu_moses"] = 41.0 + seed + (model == "weighted")
+            runs.append(Run(run.path, RunMetrics.load(run.path), run.scores, {}))
+    table = seeds_test_table(runs)
+    assert table is not None
+    rows = {row[2]: row for row in table.rows}
+    # each run's best dev BLEU, not its last or its first: 35, 36 against 33, 32.5
+    t, df, p = welch_t([33.0, 32.5], [35.0, 36.0])
+    assert rows["best dev BLEU"][3:7] == [-2.75, round(t, 2), round(df, 1), round(p, 4)]
+    assert rows["test BLEU Moses"][3] == 1.0
+    assert rows["test BLEU"][3] == 0.0
 
 
 def test_moses_bleu_scores_lowercased_moses_tokens_and_counts_them_as_bleu_4():

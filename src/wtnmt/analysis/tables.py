@@ -214,10 +214,27 @@ def groups_table(runs: list[Run]) -> Table:
     return table
 
 
+# compared across seeds: the test scores (sacreBLEU, lowercased, the literature's lowercased
+# Moses-token BLEU where scores.json has it, chrF) and the best greedy dev BLEU logged
+_TESTED_SCORES = (
+    ("bleu", "test BLEU"),
+    ("bleu_lc", "test BLEU lc"),
+    ("bleu_moses", "test BLEU Moses"),
+    ("chrf", "chrF"),
+    ("best_dev_bleu", "best dev BLEU"),
+)
+
+
+def _seed_score(run: Run, key: str) -> float | None:
+    if key == "best_dev_bleu":
+        return (run.metrics.best_valid or {}).get("valid_bleu")
+    return run.test(key)
+
+
 def seeds_test_table(runs: list[Run]) -> Table | None:
-    """Each model against the first, over their seeds' test scores: the difference of the
-    means, Welch's t-test and the exact permutation test (None with fewer than two seeds a
-    side: one seed has no spread to test against)."""
+    """Each model against the first, over their seeds' test scores and best dev BLEU (greedy,
+    as logged): the difference of the means, Welch's t-test and the exact permutation test
+    (None with fewer than two seeds a side: one seed has no spread to test against)."""
     from wtnmt.analysis.stats import permutation_test, welch_t
 
     groups: dict[str, list[Run]] = {}
@@ -231,9 +248,9 @@ def seeds_test_table(runs: list[Run]) -> Table | None:
         "(3+3 seeds: 20 splits, so its p cannot go below 0.1)",
     )
     for name in names[1:]:
-        for key, label in (("bleu", "test BLEU"), ("bleu_lc", "test BLEU lc"), ("chrf", "chrF")):
-            a = [r.test(key) for r in groups[name]]
-            b = [r.test(key) for r in groups[names[0]]]
+        for key, label in _TESTED_SCORES:
+            a = [_seed_score(r, key) for r in groups[name]]
+            b = [_seed_score(r, key) for r in groups[names[0]]]
             if len(a) < 2 or len(b) < 2 or None in a or None in b:
                 continue
             t, df, p = welch_t(a, b)  # type: ignore[arg-type]
