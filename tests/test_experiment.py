@@ -208,7 +208,8 @@ def test_the_runner_shows_the_steps_of_the_running_runs(tmp_path):
     said: list[str] = []
     assert run_grid(grid, say=said.append, progress_every=0.0) == {"weighted-s1": "finished"}
     progress = [line for line in said if "waiting" in line]
-    pattern = re.compile(r"weighted-s1 (starting|step \d+ \(\d+ s\)); 0 waiting")
+    step = r"step \d+/6 \(\d+ s(, (about .+|under a minute) left)?\)"
+    pattern = re.compile(rf"weighted-s1 (starting|{step}); 0 waiting")
     assert progress and all(pattern.search(line) for line in progress)
 
 

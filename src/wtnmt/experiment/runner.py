@@ -31,6 +31,7 @@ import yaml
 
 from wtnmt.config import ConfigError, config_to_dict
 from wtnmt.experiment.grid import Grid, RunSpec
+from wtnmt.experiment.progress import Budget, progress_line
 from wtnmt.rundir import RunDirectory, latest_checkpoint
 from wtnmt.rundir.run import MARK, config_differences, with_defaults
 from wtnmt.runtime import emulated_bf16_warning
@@ -209,18 +210,6 @@ def _launch(task: Task, grid: Grid) -> subprocess.Popen:
         log.close()
 
 
-def _progress(spec: RunSpec) -> str:
-    """``name step N (S s)`` from the run's last logged step."""
-    try:
-        with open(spec.run_dir / "metrics.jsonl", "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
-            lines = [x for x in f.read().decode("utf-8", "replace").splitlines() if '"loss"' in x]
-        entry = json.loads(lines[-1])
-    except (OSError, ValueError, IndexError):
-        return f"{spec.name} starting"
-    return f"{spec.name} step {entry['step']} ({entry.get('elapsed', 0):.0f} s)"
-
-
 def _last_line(run_dir: Path) -> str:
     try:
         lines = (run_dir / "experiment.log").read_text(encoding="utf-8").splitlines()
@@ -313,6 +302,8 @@ def _run_tasks(  # type: ignore[no-untyped-def]
 ) -> dict[str, str]:
     pending, running = list(tasks), {}
     started: dict[str, float] = {}
+    budgets: dict[str, Budget] = {}
+    seen: dict[str, tuple[float, int]] = {}  # each run's first (time, step) in a progress line
     shown = time.perf_counter()
     try:
         while pending or running:
@@ -330,12 +321,16 @@ def _run_tasks(  # type: ignore[no-untyped-def]
                 return outcome
             if running and time.perf_counter() - shown >= progress_every:
                 shown = time.perf_counter()
-                progress = ", ".join(_progress(task.spec) for task, _ in running.values())
+                progress = ", ".join(
+                    progress_line(task.spec, budgets[task.spec.name], seen, shown)
+                    for task, _ in running.values()
+                )
                 say(f"[{time.strftime('%H:%M:%S')}] {progress}; {len(pending)} waiting")
             while pending and len(running) < grid.parallel:
                 task = pending.pop(0)
                 running[task.spec.name] = (task, _launch(task, grid))
                 started[task.spec.name] = time.perf_counter()
+                budgets[task.spec.name] = Budget.of(task.spec)
                 say(f"[{time.strftime('%H:%M:%S')}] {task.spec.name}: {task.what} started")
             time.sleep(1.0)
             for name, (task, proc) in list(running.items()):

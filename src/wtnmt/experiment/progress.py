@@ -1,0 +1,69 @@
+"""The runner's line of the running runs: each run's step, its cap, and the time it has left."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from wtnmt.experiment.grid import RunSpec
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What bounds a run, for the time it has left: its step cap or its seconds, and whether
+    patience may stop it sooner."""
+
+    max_steps: int | None
+    max_time: float | None
+    patience: bool
+
+    @classmethod
+    def of(cls, spec: RunSpec) -> Budget:
+        train = spec.config().train
+        return cls(train.max_steps, train.max_time, train.patience is not None)
+
+
+def last_step(run_dir: Path) -> tuple[int, float] | None:
+    """The run's last logged step and its seconds of updates."""
+    try:
+        with open(run_dir / "metrics.jsonl", "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            lines = [x for x in f.read().decode("utf-8", "replace").splitlines() if '"loss"' in x]
+        entry = json.loads(lines[-1])
+        return int(entry["step"]), float(entry.get("elapsed", 0.0))
+    except (OSError, ValueError, IndexError, KeyError, TypeError):
+        return None
+
+
+def _time_left(seconds: float, *, patience: bool) -> str:
+    minutes = round(seconds / 60)
+    if minutes < 1:
+        return "under a minute left"
+    span = f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+    return f"{'at most' if patience else 'about'} {span} left"
+
+
+def progress_line(
+    spec: RunSpec, budget: Budget, seen: dict[str, tuple[float, int]], now: float
+) -> str:
+    """``name step N/CAP (S s, about T left)``: T from the pace since the runner first saw the
+    run's step (wall time: validations and checkpoints count), or from a time budget; "at
+    most" where patience may stop the run sooner. ``seen`` keeps each run's first sighting."""
+    last = last_step(spec.run_dir)
+    if last is None:
+        return f"{spec.name} starting"
+    step, elapsed = last
+    since, first = seen.setdefault(spec.name, (now, step))
+    cap = f"/{budget.max_steps}" if budget.max_steps else ""
+    left = None
+    if budget.max_steps and step > first:
+        left = (now - since) / (step - first) * max(0, budget.max_steps - step)
+    elif budget.max_time:
+        left = max(0.0, budget.max_time - elapsed)
+    eta = "" if left is None else f", {_time_left(left, patience=budget.patience)}"
+    return f"{spec.name} step {step}{cap} ({elapsed:.0f} s{eta})"
+
+
+__all__ = ["Budget", "last_step", "progress_line"]
