@@ -188,14 +188,15 @@ def resolve_precision(precision: str, device) -> str:  # type: ignore[no-untyped
     return "bf16" if device.type == "cpu" and cpu_has_native_bf16() else "fp32"
 
 
-def emulated_bf16_warning(precision: str, device_type: str) -> str | None:
-    """The warning for bf16 autocast asked of a CPU that has no bf16 instructions, where
+EMULATED_BF16_WARNING = (
+    "warning: train.precision bf16 on a CPU without bf16 instructions (no AVX512-BF16 or AMX): "
+    "it is emulated, many times slower than float32 (22× measured on an AVX2 CPU); "
+    "train.precision auto or fp32 trains at full speed here"
+)
+
+
+def bf16_emulated(precision: str, device_type: str) -> bool:
+    """Whether ``precision`` means bf16 autocast on a CPU without bf16 instructions, where
     oneDNN emulates it: about 22× slower than float32 for transformer-m30k on a 2-core AVX2
-    EPYC (benchmarks/grid_step_cost.py); None where the precision runs at its speed."""
-    if precision != "bf16" or device_type != "cpu" or cpu_has_native_bf16():
-        return None
-    return (
-        "warning: train.precision bf16 on a CPU without bf16 instructions (no AVX512-BF16 or "
-        "AMX): it is emulated, many times slower than float32 (22× measured on an AVX2 CPU); "
-        "train.precision auto or fp32 trains at full speed here"
-    )
+    EPYC (benchmarks/grid_step_cost.py)."""
+    return precision == "bf16" and device_type == "cpu" and not cpu_has_native_bf16()

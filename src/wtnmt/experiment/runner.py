@@ -34,7 +34,7 @@ from wtnmt.experiment.grid import Grid, RunSpec
 from wtnmt.experiment.progress import Budget, progress_line
 from wtnmt.rundir import RunDirectory, latest_checkpoint
 from wtnmt.rundir.run import MARK, config_differences, with_defaults
-from wtnmt.runtime import emulated_bf16_warning
+from wtnmt.runtime import EMULATED_BF16_WARNING, bf16_emulated
 
 
 @dataclass(frozen=True)
@@ -174,12 +174,11 @@ def _prepare_data(grid: Grid, tasks: list[Task], say) -> None:  # type: ignore[n
 def _emulated_bf16(spec: RunSpec) -> bool:
     """Whether the run would train in bf16 autocast on a CPU that emulates bf16."""
     train = spec.config().train
-    device = train.device
-    if device == "auto":
-        import torch
+    if train.device != "auto":
+        return bf16_emulated(train.precision, train.device.split(":")[0])
+    from wtnmt.train.state import resolve_device
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    return emulated_bf16_warning(train.precision, device) is not None
+    return bf16_emulated(train.precision, resolve_device("auto").type)
 
 
 def _launch(task: Task, grid: Grid) -> subprocess.Popen:
@@ -251,8 +250,7 @@ def run_grid(  # type: ignore[no-untyped-def]
         say(f"  {task.spec.name}: {task.what}")
     emulated = [t.spec.name for t in tasks if t.train and _emulated_bf16(t.spec)]
     if emulated:
-        warning = emulated_bf16_warning("bf16", "cpu")
-        say(f"{grid.path}: {warning} ({', '.join(emulated)})")
+        say(f"{grid.path}: {EMULATED_BF16_WARNING} ({', '.join(emulated)})")
     if dry_run:
         return {**outcome, **{t.spec.name: t.what for t in tasks}}
     deadline = None if stop_after is None else time.perf_counter() + stop_after

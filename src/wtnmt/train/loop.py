@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from wtnmt.errors import TrainingError
 from wtnmt.model import project_branch_weights
-from wtnmt.runtime import emulated_bf16_warning
+from wtnmt.runtime import EMULATED_BF16_WARNING, bf16_emulated
 from wtnmt.train.report import progress_bar
 from wtnmt.train.schedule import CALIBRATION_STEPS, fitted_warmup, refit_due
 from wtnmt.train.state import InterruptFlag, TrainState, Window
@@ -38,9 +38,8 @@ class TrainingLoop:
             f"on {self.device} ({self.world} process{'es' if self.world > 1 else ''}) in "
             f"{self._precision_label()}, {len(self.train_data):,} training pairs"
         )
-        warning = emulated_bf16_warning(self.precision, self.device.type)
-        if warning is not None:
-            self.log(warning)
+        if bf16_emulated(self.precision, self.device.type):
+            self.log(EMULATED_BF16_WARNING)
         self._window, self._lrs = Window(), (0.0, 0.0)
         self._fit_mark: tuple[int, float] | None = None  # (updates, seconds) at the last fit
         budget = self._step_budget()
