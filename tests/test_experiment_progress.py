@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from wtnmt.experiment.grid import RunSpec
-from wtnmt.experiment.progress import Budget, progress_line
+from wtnmt.experiment.progress import Budget, Sightings, progress_line
 
 
 def spec_at(tmp: Path, *steps: tuple[int, float]) -> RunSpec:
@@ -20,7 +20,7 @@ def spec_at(tmp: Path, *steps: tuple[int, float]) -> RunSpec:
 
 
 def test_the_time_left_comes_from_the_pace_the_runner_saw(tmp_path):
-    seen: dict[str, tuple[float, int]] = {}
+    seen: Sightings = {}
     capped = Budget(max_steps=1500, max_time=None, patience=False)
     assert progress_line(RunSpec("x-s1", "x", "p", (), 1, tmp_path / "x"), capped, seen, 0.0) == (
         "x-s1 starting"
@@ -31,6 +31,10 @@ def test_the_time_left_comes_from_the_pace_the_runner_saw(tmp_path):
     # 200 steps in 300 s of wall time since: 1,000 steps left take 1,500 s, 25 minutes
     line = progress_line(spec_at(tmp_path, (300, 400.0), (500, 650.0)), capped, seen, 1300.0)
     assert line == "weighted-s1 step 500/1500 (650 s, about 25 min left)"
+    # a minute on, no new step logged yet (a validation, say): the time counts down, the
+    # pace stays the one between the steps seen
+    line = progress_line(spec_at(tmp_path, (300, 400.0), (500, 650.0)), capped, seen, 1360.0)
+    assert line == "weighted-s1 step 500/1500 (650 s, about 24 min left)"
     # patience may stop it sooner; 3,000 steps at that pace: 4,500 s, 1 h 15 min
     patient = Budget(max_steps=3500, max_time=None, patience=True)
     line = progress_line(spec_at(tmp_path, (300, 400.0), (500, 650.0)), patient, seen, 1300.0)

@@ -321,6 +321,13 @@ def _add_experiment(commands: argparse._SubParsersAction) -> None:
         "other (a job with a time limit); the next call goes on",
     )
     p.add_argument(
+        "--work-dir",
+        metavar="DIR",
+        help="train the runs under DIR (checkpoints and weights on a disk that outlives the "
+        "work tree) and copy each finished run's small results (config, metrics, scores, "
+        "eval/) to where the grid file puts it; the next call with the same DIR goes on",
+    )
+    p.add_argument(
         "--pack",
         metavar="DIR",
         help="then write the runs' small results (config, metrics, scores, eval/; no weights) "

@@ -11,12 +11,23 @@ from pathlib import Path
 from wtnmt.config import ConfigError
 
 
+def _results_of(spec) -> Path:  # type: ignore[no-untyped-def]
+    """Where a run's results are read: where it trained, or, that gone (a work directory left
+    behind), the copy of its small results."""
+    if spec.results_dir is None or spec.run_dir.joinpath("metrics.jsonl").is_file():
+        return spec.run_dir
+    return spec.results_dir
+
+
 def cmd_experiment(args: argparse.Namespace) -> int:
     from wtnmt.errors import TrainingError
-    from wtnmt.experiment import load_grid, only_runs, plan_task, run_grid
+    from wtnmt.experiment import in_work_dir, load_grid, only_runs, plan_task, run_grid
+    from wtnmt.experiment.runner import copy_finished_results
 
     grid = load_grid(args.grid)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    if args.work_dir is not None:
+        grid = in_work_dir(grid, Path(args.work_dir))
     everything = grid
     if args.only:
         grid = only_runs(grid, args.only)
@@ -38,7 +49,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     failed = {k: v for k, v in outcome.items() if v.startswith("failed")}
     stopped = {"interrupted", "paused"} & set(outcome.values())  # nothing whole to analyze
     if "interrupted" in stopped and not failed:  # stopped from outside
-        say(f"some runs were interrupted: run `wtnmt experiment {grid.path}` again to resume")
+        say(f"some runs were interrupted: run `{grid.again}` again to resume")
         return 130
     if stopped and not failed:
         return 0  # paused as asked (--stop-after): the next call goes on
@@ -50,7 +61,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     if grid.analyze is not None:
         from wtnmt.analysis.report import analyze
 
-        runs = [s.run_dir for s in grid.runs if s.run_dir.joinpath("metrics.jsonl").is_file()]
+        runs = [d for d in map(_results_of, grid.runs) if d.joinpath("metrics.jsonl").is_file()]
         if runs:
             a = grid.analyze
             analyze(
@@ -63,6 +74,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
                 decode=a.get("decode", True),
                 say=say,
             )
+            for spec in grid.runs:  # the report's decodings, cached in each run's eval/
+                copy_finished_results(spec, say)
     if failed:
         raise TrainingError(
             f"{len(failed)} of {len(outcome)} runs failed ({', '.join(failed)}); their logs "

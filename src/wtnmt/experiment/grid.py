@@ -49,7 +49,9 @@ class RunSpec:
     preset: str
     overrides: tuple[str, ...]  # --set texts, in the order they apply
     seed: int
-    run_dir: Path
+    run_dir: Path  # where it trains: checkpoints, weights, logs
+    # where its small results go when it finishes, when it trains elsewhere (in_work_dir)
+    results_dir: Path | None = None
 
     def config(self) -> RunConfig:
         return load_config(self.preset, list(self.overrides))
@@ -64,6 +66,13 @@ class Grid:
     parallel: int
     evaluate: dict[str, Any] | None  # {"split": ..., "beam": ...} or None
     analyze: dict[str, Any] | None
+    work_dir: Path | None = None  # where the runs train, when not in out (in_work_dir)
+
+    @property
+    def again(self) -> str:
+        """The command that goes on with this grid."""
+        extra = f" --work-dir {self.work_dir}" if self.work_dir is not None else ""
+        return f"wtnmt experiment {self.path}{extra}"
 
     def configs(self) -> dict[str, dict[str, Any]]:
         """Every run's full config as plain values (checked once, before anything trains)."""
@@ -253,4 +262,22 @@ def only_runs(grid: Grid, patterns: list[str]) -> Grid:
     return dataclasses.replace(grid, runs=kept)
 
 
-__all__ = ["Grid", "RunSpec", "load_grid", "only_runs"]
+def in_work_dir(grid: Grid, work_dir: Path) -> Grid:
+    """The grid with its runs trained under ``work_dir`` (the grid's ``out`` path below it, so
+    that grids never share a run directory), each run's small results going to where the grid
+    file puts the run: checkpoints kept on a disk that outlives the work tree, the results
+    where they are committed."""
+    import dataclasses
+
+    if work_dir.exists() and not work_dir.is_dir():
+        raise ConfigError(f"--work-dir {work_dir}: is a file; give a directory")
+    below = work_dir / str(grid.out).lstrip("/")
+    if below.resolve() == grid.out.resolve():
+        raise ConfigError(f"--work-dir {work_dir}: puts the runs where the grid's out is")
+    runs = tuple(
+        dataclasses.replace(s, run_dir=below / s.name, results_dir=s.run_dir) for s in grid.runs
+    )
+    return dataclasses.replace(grid, runs=runs, work_dir=work_dir)
+
+
+__all__ = ["Grid", "RunSpec", "in_work_dir", "load_grid", "only_runs"]

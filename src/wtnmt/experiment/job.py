@@ -16,7 +16,7 @@ from typing import Any
 from wtnmt.analysis.metrics import RunMetrics
 from wtnmt.analysis.scoring import score_run
 from wtnmt.config import load_config
-from wtnmt.experiment.runner import scored, write_finished
+from wtnmt.experiment.plan import scored, write_finished
 
 
 def training_summary(run_dir: Path) -> dict[str, Any]:

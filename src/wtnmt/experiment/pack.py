@@ -1,5 +1,8 @@
-"""`wtnmt experiment FILE --pack DIR`: a grid's small results in a few archives of bounded
-size, to carry off a machine that keeps the weights (a rented GPU, a cluster's scratch disk).
+"""A grid's small results, apart from the weights: packed into a few archives of bounded size
+to carry off a machine that keeps the weights (`--pack DIR`: a rented GPU, a cluster's scratch
+disk), or copied from a run trained outside the work tree to where the grid file puts it
+(`--work-dir DIR`: checkpoints on a disk that outlives the work tree, results where they are
+committed).
 
 Each run directory of the grid gives what is committed of it: ``config.yaml``,
 ``finished.json``, ``scores.json``, ``metrics.jsonl`` and ``eval/`` (scores and decodings);
@@ -19,22 +22,44 @@ import tarfile
 from pathlib import Path
 
 from wtnmt.config import ConfigError
-from wtnmt.experiment.grid import Grid
+from wtnmt.experiment.grid import Grid, RunSpec
+from wtnmt.rundir import atomic_write
 
 RESULT_FILES = ("config.yaml", "finished.json", "scores.json", "metrics.jsonl")
 _ENTRY = 1024  # a tar header and padding, and a margin for gzip's framing
 _ARCHIVE = re.compile(r"results-\d{2,}\.tar\.gz")
 
 
+def run_result_files(run_dir: Path) -> list[Path]:
+    """The small results of one run directory that are there."""
+    found = [run_dir / name for name in RESULT_FILES if (run_dir / name).is_file()]
+    evaluated = run_dir / "eval"
+    if evaluated.is_dir():
+        found += sorted(p for p in evaluated.iterdir() if p.is_file())
+    return found
+
+
 def result_files(grid: Grid) -> list[Path]:
     """The small results of every run of ``grid`` that exists, in the grid's order."""
-    found: list[Path] = []
-    for spec in grid.runs:
-        found += [spec.run_dir / name for name in RESULT_FILES if (spec.run_dir / name).is_file()]
-        evaluated = spec.run_dir / "eval"
-        if evaluated.is_dir():
-            found += sorted(p for p in evaluated.iterdir() if p.is_file())
-    return found
+    return [path for spec in grid.runs for path in run_result_files(spec.run_dir)]
+
+
+def copy_results(spec: RunSpec) -> int:
+    """Copy the small results of a run trained in a work directory to its ``results_dir``
+    (files of those names there are the same run's, checked when the grid was planned);
+    returns how many files changed."""
+    if spec.results_dir is None:
+        return 0
+    changed = 0
+    for path in run_result_files(spec.run_dir):
+        target = spec.results_dir / path.relative_to(spec.run_dir)
+        data = path.read_bytes()
+        if target.is_file() and target.read_bytes() == data:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(target, data)
+        changed += 1
+    return changed
 
 
 def _name(path: Path) -> str:
@@ -106,4 +131,11 @@ def pack_results(grid: Grid, out: Path, *, max_bytes: int, max_files: int) -> li
     return written
 
 
-__all__ = ["RESULT_FILES", "pack_results", "plan_archives", "result_files"]
+__all__ = [
+    "RESULT_FILES",
+    "copy_results",
+    "pack_results",
+    "plan_archives",
+    "result_files",
+    "run_result_files",
+]

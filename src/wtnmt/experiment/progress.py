@@ -45,25 +45,32 @@ def _time_left(seconds: float, *, patience: bool) -> str:
     return f"{'at most' if patience else 'about'} {span} left"
 
 
-def progress_line(
-    spec: RunSpec, budget: Budget, seen: dict[str, tuple[float, int]], now: float
-) -> str:
-    """``name step N/CAP (S s, about T left)``: T from the pace since the runner first saw the
-    run's step (wall time: validations and checkpoints count), or from a time budget; "at
-    most" where patience may stop the run sooner. ``seen`` keeps each run's first sighting."""
+Sightings = dict[str, tuple[float, int, float, int]]
+
+
+def progress_line(spec: RunSpec, budget: Budget, seen: Sightings, now: float) -> str:
+    """``name step N/CAP (S s, about T left)``: T from the pace between the runner's first
+    sighting of the run's step and its sighting of the latest new one (wall time: validations
+    and checkpoints count), less the time since; or from a time budget. "at most" where
+    patience may stop the run sooner. ``seen`` keeps each run's (first time, first step,
+    latest time, latest step)."""
     last = last_step(spec.run_dir)
     if last is None:
         return f"{spec.name} starting"
     step, elapsed = last
-    since, first = seen.setdefault(spec.name, (now, step))
+    since, first, at, latest = seen.setdefault(spec.name, (now, step, now, step))
+    if step != latest:
+        at, latest = now, step
+        seen[spec.name] = (since, first, at, latest)
     cap = f"/{budget.max_steps}" if budget.max_steps else ""
     left = None
-    if budget.max_steps and step > first:
-        left = (now - since) / (step - first) * max(0, budget.max_steps - step)
+    if budget.max_steps and latest > first:
+        pace = (at - since) / (latest - first)
+        left = max(0.0, pace * max(0, budget.max_steps - step) - (now - at))
     elif budget.max_time:
         left = max(0.0, budget.max_time - elapsed)
     eta = "" if left is None else f", {_time_left(left, patience=budget.patience)}"
     return f"{spec.name} step {step}{cap} ({elapsed:.0f} s{eta})"
 
 
-__all__ = ["Budget", "last_step", "progress_line"]
+__all__ = ["Budget", "Sightings", "last_step", "progress_line"]

@@ -1,16 +1,7 @@
 """`wtnmt experiment FILE`: train a grid's runs, a few at once, each in its own process; skip
-the finished ones, resume the interrupted ones, score each on the test split, then analyze.
-
-What a run directory holds decides what is left to do with it:
-
-- no complete checkpoint: train it (a directory where a run died before its first checkpoint
-  starts over, as ``wtnmt train`` allows);
-- a checkpoint of a run that has not finished, or finished on another budget or patience
-  rule than the grid now asks: resume it (a run the rule asked says is done stops at once);
-- finished: only the scores, if they are missing.
-
-A run directory trained with other settings than the grid asks (anything but the budget) is
-refused, naming the settings: the grid never trains over someone else's run.
+the finished ones, resume the interrupted ones (what is left to do with each: ``plan``), score
+each on the test split, then analyze. A run trained in a work directory (``--work-dir``)
+copies its small results to where the grid puts it when it finishes.
 """
 
 from __future__ import annotations
@@ -23,137 +14,15 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from wtnmt.config import ConfigError, config_to_dict
+from wtnmt.config import config_to_dict
 from wtnmt.experiment.grid import Grid, RunSpec
-from wtnmt.experiment.progress import Budget, progress_line
-from wtnmt.rundir import RunDirectory, latest_checkpoint
-from wtnmt.rundir.run import MARK, config_differences, with_defaults
+from wtnmt.experiment.pack import copy_results
+from wtnmt.experiment.plan import Task, plan_task
+from wtnmt.experiment.progress import Budget, Sightings, progress_line
 from wtnmt.runtime import EMULATED_BF16_WARNING, bf16_emulated
-
-
-@dataclass(frozen=True)
-class Task:
-    spec: RunSpec
-    train: bool
-    resume: bool
-    evaluate: bool
-    busy: bool = False
-
-    @property
-    def what(self) -> str:
-        if self.busy:
-            return "busy: another process is training it"
-        if self.train:
-            return "resume" if self.resume else "train"
-        return "score"
-
-
-def _recorded_config(run_dir: Path) -> dict[str, Any] | None:
-    path = run_dir / "config.yaml"
-    if not path.is_file():
-        return None
-    data = path.read_bytes()
-    if not data.startswith(MARK):
-        raise ConfigError(f"{path}: not written by wtnmt; the grid will not train over it")
-    return yaml.safe_load(data[len(MARK) :].decode("utf-8"))
-
-
-FINISHED = "finished.json"  # written when a run has finished: committed, unlike the weights
-# when a run ends: a run finished on another budget, or under another stopping rule, goes on
-# from its last checkpoint (and stops at once where the rule asked now says it is done)
-BUDGET = ("max_time", "max_steps", "max_epochs", "patience", "patience_on")
-
-
-def plan_task(spec: RunSpec, grid: Grid, *, record: bool = False) -> Task | None:
-    """What is left to do with one run (None: nothing; a busy task when another process is
-    training it now: two writers would spoil it, so it is left to that one).
-
-    A finished run is known by its last checkpoint, or, where the weights are not there (a
-    clone of committed results), by its ``finished.json``; ``record`` writes that file for a
-    finished run that lacks it.
-    """
-    if spec.run_dir.exists() and not spec.run_dir.is_dir():
-        raise ConfigError(
-            f"{spec.run_dir}: is a file, not a run directory; move it or rename the run"
-        )
-    if RunDirectory(spec.run_dir).busy():
-        return Task(spec, train=False, resume=False, evaluate=False, busy=True)
-    asked = config_to_dict(spec.config())
-    evaluate = grid.evaluate is not None
-    found = latest_checkpoint(spec.run_dir / "checkpoints", warn=lambda _: None)
-    marker = spec.run_dir / FINISHED
-    if found is None and not marker.is_file():
-        return Task(spec, train=True, resume=False, evaluate=evaluate)
-    recorded = with_defaults(_recorded_config(spec.run_dir) or {})
-    differences = config_differences(recorded, asked) + _train_differences(recorded, asked)
-    if differences:
-        raise ConfigError(
-            f"{spec.run_dir}: trained with other settings than {grid.path} asks "
-            f"({'; '.join(differences)}); rename the run in the grid or move the directory"
-        )
-    same_budget = all(recorded.get("train", {}).get(k) == asked["train"][k] for k in BUDGET)
-    if found is None:  # finished, and only its small results are here
-        if not same_budget:
-            raise ConfigError(
-                f"{spec.run_dir}: finished on another budget or stopping rule, and its "
-                f"checkpoints are not here "
-                f"to continue from; restore them, or rename the run in the grid"
-            )
-        if evaluate and not scored(spec.run_dir, grid.evaluate or {}):
-            raise ConfigError(
-                f"{spec.run_dir}: finished but not scored, and its weights are not here"
-            )
-        return None
-    state = found[1]["train_state"]
-    if state.get("finished") is None or not same_budget:
-        return Task(spec, train=True, resume=True, evaluate=evaluate)
-    if record and not marker.is_file():
-        write_finished(spec.run_dir, state)
-    if evaluate and not scored(spec.run_dir, grid.evaluate or {}):
-        return Task(spec, train=False, resume=False, evaluate=True)
-    return None
-
-
-def write_finished(run_dir: Path, state: dict[str, Any]) -> None:
-    from wtnmt.rundir import atomic_write
-
-    fields = {k: state[k] for k in ("finished", "step", "epoch", "elapsed")}
-    atomic_write(run_dir / FINISHED, (json.dumps(fields, indent=2) + "\n").encode())
-
-
-def _train_differences(recorded: dict[str, Any], asked: dict[str, Any]) -> list[str]:
-    """Training settings (config_differences compares model and data) other than the budget
-    and the thread count (which change no result)."""
-    skip = {*BUDGET, "threads"}
-    before, after = recorded.get("train", {}), asked["train"]
-    return [
-        f"train.{k}: {before.get(k)!r} → {after[k]!r}"
-        for k in after
-        if k not in skip and before.get(k) != after[k]
-    ]
-
-
-def scored(run_dir: Path, evaluate: dict[str, Any]) -> bool:
-    path = run_dir / "scores.json"
-    if not path.is_file():
-        return False
-    try:
-        scores = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError:
-        return False
-    split = evaluate.get("split", "test")
-    if not isinstance(scores, dict) or not isinstance(scores.get(split), dict):
-        return False
-    kept = scores[split]
-    return kept.get("beam") == evaluate.get("beam", kept.get("beam")) and kept.get(
-        "average"
-    ) == evaluate.get("average")
 
 
 def _prepare_data(grid: Grid, tasks: list[Task], say) -> None:  # type: ignore[no-untyped-def]
@@ -209,6 +78,12 @@ def _launch(task: Task, grid: Grid) -> subprocess.Popen:
         log.close()
 
 
+def copy_finished_results(spec: RunSpec, say) -> None:  # type: ignore[no-untyped-def]
+    """Copy a run's small results from its work directory, saying so when a file changed."""
+    if spec.results_dir is not None and spec.run_dir.is_dir() and copy_results(spec):
+        say(f"  {spec.name}: results copied to {spec.results_dir} (no weights)")
+
+
 def _last_line(run_dir: Path) -> str:
     try:
         lines = (run_dir / "experiment.log").read_text(encoding="utf-8").splitlines()
@@ -235,6 +110,8 @@ def run_grid(  # type: ignore[no-untyped-def]
         task = plan_task(spec, grid, record=not dry_run)
         if task is None:
             outcome[spec.name] = "done"
+            if not dry_run:
+                copy_finished_results(spec, say)  # where an earlier call stopped before copying
         elif task.busy:
             outcome[spec.name] = "busy"
             say(f"  {spec.name}: {task.what}; left to it")
@@ -301,7 +178,7 @@ def _run_tasks(  # type: ignore[no-untyped-def]
     pending, running = list(tasks), {}
     started: dict[str, float] = {}
     budgets: dict[str, Budget] = {}
-    seen: dict[str, tuple[float, int]] = {}  # each run's first (time, step) in a progress line
+    seen: Sightings = {}  # each run's first and latest (time, step) in a progress line
     shown = time.perf_counter()
     try:
         while pending or running:
@@ -314,7 +191,7 @@ def _run_tasks(  # type: ignore[no-untyped-def]
                 say(
                     f"[{time.strftime('%H:%M:%S')}] stopped as asked (--stop-after): "
                     f"{len(running)} run(s) paused at a checkpoint, {len(pending)} not started; "
-                    f"run `wtnmt experiment {grid.path}` again to go on"
+                    f"run `{grid.again}` again to go on"
                 )
                 return outcome
             if running and time.perf_counter() - shown >= progress_every:
@@ -339,11 +216,12 @@ def _run_tasks(  # type: ignore[no-untyped-def]
                 if proc.returncode == 0:
                     outcome[name] = "finished"
                     say(f"[{time.strftime('%H:%M:%S')}] {name}: finished in {minutes:.1f} min")
+                    copy_finished_results(task.spec, say)
                 elif proc.returncode in (130, -signal.SIGINT, -signal.SIGTERM):
                     outcome[name] = "interrupted"  # stopped at a checkpoint, from outside
                     say(
                         f"[{time.strftime('%H:%M:%S')}] {name}: interrupted; run "
-                        f"`wtnmt experiment {grid.path}` again to resume it"
+                        f"`{grid.again}` again to resume it"
                     )
                 else:
                     outcome[name] = f"failed: {_last_line(task.spec.run_dir)}"
@@ -353,9 +231,9 @@ def _run_tasks(  # type: ignore[no-untyped-def]
                     )
     except KeyboardInterrupt:
         _stop(running)
-        say(f"interrupted: run `wtnmt experiment {grid.path}` again to resume")
+        say(f"interrupted: run `{grid.again}` again to resume")
         raise
     return outcome
 
 
-__all__ = ["Task", "plan_task", "run_grid"]
+__all__ = ["copy_finished_results", "run_grid"]

@@ -1,0 +1,111 @@
+"""A grid trained in a work directory (`wtnmt experiment FILE --work-dir DIR`): checkpoints
+and weights there, on a disk that outlives the work tree; each finished run's small results
+copied to where the grid file puts the run, where they are committed."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from test_experiment import write_grid
+from wtnmt.cli import main
+from wtnmt.config import ConfigError
+from wtnmt.experiment import in_work_dir, load_grid, plan_task
+from wtnmt.experiment.pack import RESULT_FILES, run_result_files
+
+
+def _files(run: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run)): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+
+
+def test_runs_train_in_the_work_dir_and_their_results_go_where_the_grid_puts_them(tmp_path, capsys):
+    path = write_grid(tmp_path, seeds=[1])
+    work = tmp_path / "scratch"
+    assert main(["experiment", str(path), "--work-dir", str(work)]) == 0
+    err = capsys.readouterr().err
+    grid = load_grid(path)
+    results = grid.runs[0].run_dir
+    trained = work / str(grid.out).lstrip("/") / "weighted-s1"
+    assert f"weighted-s1: results copied to {results} (no weights)" in err
+    assert (trained / "model.safetensors").is_file() and (trained / "checkpoints").is_dir()
+    copied = _files(results)
+    assert set(copied) == {*RESULT_FILES, *(f"eval/{p.name}" for p in (trained / "eval").iterdir())}
+    assert copied == {k: v for k, v in _files(trained).items() if k in copied}
+    assert (tmp_path / "report" / "summary.md").is_file()  # the grid's report, where it says
+
+    assert main(["experiment", str(path), "--work-dir", str(work), "--dry-run"]) == 0
+    assert "1 runs, 1 done, 0 to train" in capsys.readouterr().err
+    # the work directory lost (another machine): the committed results say the run is done
+    shutil.rmtree(work)
+    assert main(["experiment", str(path), "--work-dir", str(work)]) == 0
+    assert "1 runs, 1 done, 0 to train" in capsys.readouterr().err
+    assert not work.exists() and _files(results) == copied
+
+
+def test_a_run_stopped_before_its_results_were_copied_copies_them_next_time(tmp_path, capsys):
+    path = write_grid(tmp_path, seeds=[1], analyze=False)
+    work = tmp_path / "scratch"
+    assert main(["experiment", str(path), "--work-dir", str(work)]) == 0
+    grid = in_work_dir(load_grid(path), work)
+    spec = grid.runs[0]
+    shutil.rmtree(spec.results_dir)
+    capsys.readouterr()
+    assert main(["experiment", str(path), "--work-dir", str(work)]) == 0
+    assert "results copied to" in capsys.readouterr().err
+    assert [p.name for p in run_result_files(spec.results_dir)] == [
+        p.name for p in run_result_files(spec.run_dir)
+    ]
+
+
+def test_results_of_another_run_where_the_copy_goes_are_refused_and_kept(tmp_path, capsys):
+    path = write_grid(tmp_path, seeds=[1], analyze=False)
+    assert main(["experiment", str(path), "--work-dir", str(tmp_path / "a")]) == 0
+    results = load_grid(path).runs[0].run_dir
+    kept = _files(results)
+    base = {"train.log_every": 2, "train.valid_every": 3, "train.lr_scale": 0.5}
+    other = write_grid(tmp_path, seeds=[1], analyze=False, base=base)
+    capsys.readouterr()
+    assert main(["experiment", str(other), "--work-dir", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"{results}: holds the results of a run with other settings" in err
+    assert "train.lr_scale" in err
+    assert _files(results) == kept and not (tmp_path / "b").exists()
+
+
+def test_a_run_trained_where_the_copy_goes_is_refused(tmp_path, capsys):
+    path = write_grid(tmp_path, seeds=[1], analyze=False, evaluate=False)
+    assert main(["experiment", str(path)]) == 0  # trained in place, its checkpoints there
+    capsys.readouterr()
+    assert main(["experiment", str(path), "--work-dir", str(tmp_path / "scratch")]) == 2
+    assert "holds the checkpoints of a run trained there" in capsys.readouterr().err
+
+
+def test_a_foreign_file_in_the_results_directory_is_refused_and_kept(tmp_path):
+    grid = in_work_dir(load_grid(write_grid(tmp_path, seeds=[1])), tmp_path / "scratch")
+    spec = grid.runs[0]
+    spec.results_dir.mkdir(parents=True)
+    (spec.results_dir / "config.yaml").write_text("a user's notes\n")
+    with pytest.raises(ConfigError, match="not written by wtnmt"):
+        plan_task(spec, grid)
+    assert (spec.results_dir / "config.yaml").read_text() == "a user's notes\n"
+
+
+def test_a_work_dir_that_is_a_file_is_refused(tmp_path, capsys):
+    path = write_grid(tmp_path, seeds=[1])
+    (tmp_path / "scratch").write_text("x")
+    assert main(["experiment", str(path), "--work-dir", str(tmp_path / "scratch")]) == 2
+    assert "--work-dir" in capsys.readouterr().err and (tmp_path / "scratch").read_text() == "x"
+
+
+def test_grids_with_other_outs_never_share_a_run_directory(tmp_path):
+    first = load_grid(write_grid(tmp_path, seeds=[1], out="a/runs"))
+    second = load_grid(write_grid(tmp_path, seeds=[1], out="b/runs"))
+    work = tmp_path / "scratch"
+    one, two = (in_work_dir(g, work).runs[0] for g in (first, second))
+    assert one.run_dir == work / "a/runs/weighted-s1" and one.results_dir == Path(
+        "a/runs/weighted-s1"
+    )
+    assert two.run_dir == work / "b/runs/weighted-s1"
