@@ -28,7 +28,9 @@ from pathlib import Path
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("grids", nargs="+", type=Path)
-    parser.add_argument("--threads", type=int, default=1, help="as the grids' runs had")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="for every run, whatever its grid says (1)"
+    )
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--batches", type=int, default=10)
     args = parser.parse_args()
@@ -38,6 +40,7 @@ def main() -> None:
 
     import torch
 
+    from wtnmt.config import load_config
     from wtnmt.data import plan_batches
     from wtnmt.experiment.grid import load_grid
     from wtnmt.runtime import tune_cpu_allocator
@@ -60,7 +63,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         trainers, batches = {}, None
         for label, spec in specs.items():
-            config = spec.config()
+            # the grid's thread count is in each run's config (train.threads), and the
+            # Trainer applies it: --threads must win, or every figure is at the grid's count
+            config = load_config(spec.preset, [*spec.overrides, f"train.threads={args.threads}"])
             trainers[label] = Trainer(config, Path(tmp) / label, log_to_stderr=False)
             if batches is None:
                 data = trainers[label].train_data
