@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from helpers import tiny_run_config
 from wtnmt.analysis.figures import frozen_from, loss_pairs
@@ -124,18 +125,20 @@ def test_analyze_draws_every_figure_and_the_numbers_are_the_recorded_ones(runs, 
         scores = json.loads((run / "scores.json").read_text())
         best = metrics.best_valid
         row = rows[run.name]
-        assert row[2] == str(metrics.train[-1]["step"]) == "12"
-        assert row[4] == str(round(1000 * metrics.train[-1]["elapsed"] / 12))  # ms/step
-        assert row[6] == f"{best['valid_bleu']:.2f} ({best['step']})"
+        config = yaml.safe_load((run / "config.yaml").read_text().split("\n", 1)[1])
+        assert row[2] == config["train"]["precision"]
+        assert row[3] == str(metrics.train[-1]["step"]) == "12"
+        assert row[5] == str(round(1000 * metrics.train[-1]["elapsed"] / 12))  # ms/step
+        assert row[7] == f"{best['valid_bleu']:.2f} ({best['step']})"
         # where the run reached its own plateau: the first validation within 0.5 of its best
         near = [v["step"] for v in metrics.valid if v["valid_bleu"] >= best["valid_bleu"] - 0.5]
-        assert row[7] == str(near[0])
-        assert row[8] == f"{scores['test']['bleu']:.2f}"
-        assert row[9] == f"{scores['test']['chrf']:.2f}"
+        assert row[8] == str(near[0])
+        assert row[9] == f"{scores['test']['bleu']:.2f}"
+        assert row[10] == f"{scores['test']['chrf']:.2f}"
     models = {r[0]: r for r in _markdown_table(summary, "Models (mean ± sd over seeds)")}
     for run in runs:  # one seed a model: its own numbers, no spread
         test = json.loads((run / "scores.json").read_text())["test"]
-        assert models[run.name.removesuffix("-s1")][7] == f"{test['bleu']:.2f}"
+        assert models[run.name.removesuffix("-s1")][8] == f"{test['bleu']:.2f}"
     # steps to the first run's best dev BLEU: the first run reaches it where it was best
     target = RunMetrics.load(runs[0]).best_valid
     assert result["target_bleu"] == target["valid_bleu"]

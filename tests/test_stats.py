@@ -126,3 +126,25 @@ def test_moses_bleu_scores_lowercased_moses_tokens_and_counts_them_as_bleu_4():
     got = moses_bleu(["A b c d e"], ["a b c d f"], "en")
     assert got["bleu_moses"] == round(100 * 0.2**0.25, 2)
     assert got["bleu_moses_signature"].startswith("lc+moses-norm+moses-tok:en|")
+
+
+def test_the_tables_say_each_runs_precision_and_a_models_mix_of_them(tmp_path):
+    from wtnmt.analysis.tables import groups_table, runs_table
+
+    runs = []
+    for name, precision in (
+        ("transformer-s1", "bf16"),
+        ("transformer-s2", "fp32"),
+        ("transformer-s3", "fp32"),
+        ("weighted-s1", "bf16"),
+        ("weighted-s2", None),  # recorded before train.precision existed: float32 then
+    ):
+        run = _run(tmp_path, name, 30.0)
+        config = {"train": {"precision": precision}} if precision else {}
+        runs.append(Run(run.path, run.metrics, run.scores, config))
+    table = runs_table(runs)
+    column = table.headers.index("precision")
+    assert [row[column] for row in table.rows] == ["bf16", "fp32", "fp32", "bf16", "fp32"]
+    groups = groups_table(runs[:3])
+    assert groups.rows[0][:3] == ["transformer", 3, "bf16 ×1, fp32 ×2"]
+    assert groups_table(runs[1:3]).rows[0][2] == "fp32"

@@ -67,6 +67,12 @@ class Run:
         return None if split is None else split.get(key)
 
     @property
+    def precision(self) -> str:
+        """``train.precision`` as the run's config states it (``auto``: bf16 where the
+        hardware had it natively)."""
+        return str(self.config.get("train", {}).get("precision", "fp32"))
+
+    @property
     def budget(self) -> str:
         train = self.config.get("train", {})
         if train.get("max_time"):
@@ -134,6 +140,7 @@ def runs_table(runs: list[Run]) -> Table:
         [
             "run",
             "budget",
+            "precision",
             "steps",
             "update s",
             "ms/step",
@@ -156,6 +163,7 @@ def runs_table(runs: list[Run]) -> Table:
             [
                 run.name,
                 run.budget,
+                run.precision,
                 run.steps,
                 round(run.seconds),
                 run.ms_per_step,
@@ -170,6 +178,16 @@ def runs_table(runs: list[Run]) -> Table:
     return table
 
 
+def _precisions(runs: list[Run]) -> str:
+    """``fp32``, or where seeds differ, how many trained in each: ``bf16 ×1, fp32 ×2``."""
+    counts: dict[str, int] = {}
+    for run in runs:
+        counts[run.precision] = counts.get(run.precision, 0) + 1
+    if len(counts) == 1:
+        return next(iter(counts))
+    return ", ".join(f"{p} ×{n}" for p, n in sorted(counts.items()))
+
+
 def groups_table(runs: list[Run]) -> Table:
     """Mean ± sd over the seeds of each model (runs named ``<model>-s<seed>``)."""
     table = Table(
@@ -177,6 +195,7 @@ def groups_table(runs: list[Run]) -> Table:
         [
             "model",
             "seeds",
+            "precision",
             "steps",
             "ms/step",
             "tgt tok/s",
@@ -191,7 +210,7 @@ def groups_table(runs: list[Run]) -> Table:
     for run in runs:
         groups.setdefault(run.group, []).append(run)
     for name, members in groups.items():
-        cells: list[Any] = [name, len(members)]
+        cells: list[Any] = [name, len(members), _precisions(members)]
         for values in (
             [float(r.steps) for r in members],
             [r.ms_per_step for r in members],
