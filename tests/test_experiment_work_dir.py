@@ -109,3 +109,18 @@ def test_grids_with_other_outs_never_share_a_run_directory(tmp_path):
         "a/runs/weighted-s1"
     )
     assert two.run_dir == work / "b/runs/weighted-s1"
+
+
+def test_a_pack_of_runs_trained_in_a_work_dir_unpacks_where_the_grid_puts_them(
+    tmp_path, monkeypatch
+):
+    import tarfile
+
+    monkeypatch.chdir(tmp_path)
+    path = write_grid(Path("."), seeds=[1], analyze=False, evaluate=False)
+    args = ["experiment", str(path), "--work-dir", str(tmp_path / "scratch"), "--pack", "out"]
+    assert main(args) == 0
+    with tarfile.open(next(Path("out").glob("results-*.tar.gz"))) as tar:
+        names = sorted(tar.getnames())
+    results = load_grid(path).runs[0].run_dir
+    assert names == sorted(str(p) for p in run_result_files(results))  # runs/weighted-s1/...

@@ -101,7 +101,12 @@ def plan_archives(files: list[Path], *, max_bytes: int, max_files: int) -> list[
 def pack_results(grid: Grid, out: Path, *, max_bytes: int, max_files: int) -> list[Path]:
     """Write the archives of ``grid``'s results into ``out`` (made if needed; archives of an
     earlier pack there are replaced, nothing else); returns their paths."""
-    groups = plan_archives(result_files(grid), max_bytes=max_bytes, max_files=max_files)
+    names = {  # a run trained in a work directory is packed as where the grid puts it
+        path: _name(spec.results_dir / path.relative_to(spec.run_dir) if spec.results_dir else path)
+        for spec in grid.runs
+        for path in run_result_files(spec.run_dir)
+    }
+    groups = plan_archives(list(names), max_bytes=max_bytes, max_files=max_files)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--pack {out}: is a file; --pack names a directory")
     if out.is_dir():
@@ -119,7 +124,7 @@ def pack_results(grid: Grid, out: Path, *, max_bytes: int, max_files: int) -> li
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as tar:
             for path in group:
-                tar.add(path, arcname=_name(path), recursive=False)
+                tar.add(path, arcname=names[path], recursive=False)
         data = buffer.getvalue()
         if len(data) > max_bytes:  # the estimate is per file; the archive is checked whole
             raise ConfigError(
