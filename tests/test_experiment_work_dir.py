@@ -44,21 +44,6 @@ def test_runs_train_in_the_work_dir_and_their_results_go_where_the_grid_puts_the
     assert not work.exists() and _files(results) == copied
 
 
-def test_a_run_stopped_before_its_results_were_copied_copies_them_next_time(tmp_path, capsys):
-    path = write_grid(tmp_path, seeds=[1], analyze=False)
-    work = tmp_path / "scratch"
-    assert main(["experiment", str(path), "--work-dir", str(work)]) == 0
-    grid = in_work_dir(load_grid(path), work)
-    spec = grid.runs[0]
-    shutil.rmtree(spec.results_dir)
-    capsys.readouterr()
-    assert main(["experiment", str(path), "--work-dir", str(work)]) == 0
-    assert "results copied to" in capsys.readouterr().err
-    assert [p.name for p in run_result_files(spec.results_dir)] == [
-        p.name for p in run_result_files(spec.run_dir)
-    ]
-
-
 def test_results_of_another_run_where_the_copy_goes_are_refused_and_kept(tmp_path, capsys):
     path = write_grid(tmp_path, seeds=[1], analyze=False)
     assert main(["experiment", str(path), "--work-dir", str(tmp_path / "a")]) == 0
@@ -111,16 +96,25 @@ def test_grids_with_other_outs_never_share_a_run_directory(tmp_path):
     assert two.run_dir == work / "b/runs/weighted-s1"
 
 
-def test_a_pack_of_runs_trained_in_a_work_dir_unpacks_where_the_grid_puts_them(
-    tmp_path, monkeypatch
+def test_a_pack_names_the_files_where_the_grid_puts_them_and_lost_copies_come_back(
+    tmp_path, monkeypatch, capsys
 ):
     import tarfile
 
     monkeypatch.chdir(tmp_path)
     path = write_grid(Path("."), seeds=[1], analyze=False, evaluate=False)
-    args = ["experiment", str(path), "--work-dir", str(tmp_path / "scratch"), "--pack", "out"]
-    assert main(args) == 0
+    work = tmp_path / "scratch"
+    assert main(["experiment", str(path), "--work-dir", str(work), "--pack", "out"]) == 0
     with tarfile.open(next(Path("out").glob("results-*.tar.gz"))) as tar:
         names = sorted(tar.getnames())
-    results = load_grid(path).runs[0].run_dir
-    assert names == sorted(str(p) for p in run_result_files(results))  # runs/weighted-s1/...
+    spec = in_work_dir(load_grid(path), work).runs[0]
+    assert names == sorted(str(p) for p in run_result_files(spec.results_dir))  # runs/...
+    # the copies lost (the runner stopped between finishing and copying, say): the next
+    # call copies them again
+    shutil.rmtree(spec.results_dir)
+    capsys.readouterr()
+    assert main(["experiment", str(path), "--work-dir", str(work)]) == 0
+    assert "results copied to" in capsys.readouterr().err
+    assert [p.name for p in run_result_files(spec.results_dir)] == [
+        p.name for p in run_result_files(spec.run_dir)
+    ]
