@@ -88,7 +88,7 @@ def plan_task(spec: RunSpec, grid: Grid, *, record: bool = False) -> Task | None
     if found is None and not marker.is_file():
         return Task(spec, train=True, resume=False, evaluate=evaluate)
     recorded = with_defaults(_recorded_config(spec.run_dir) or {})
-    differences = config_differences(recorded, asked) + _train_differences(recorded, asked)
+    differences = _differences(recorded, asked)
     if differences:
         raise ConfigError(
             f"{spec.run_dir}: trained with other settings than {grid.path} asks "
@@ -130,10 +130,7 @@ def _check_results_dir(spec: RunSpec, asked: dict[str, Any]) -> None:
             f"without --work-dir, or move them away"
         )
     recorded = _recorded_config(results)
-    if recorded is None:
-        return
-    recorded = with_defaults(recorded)
-    differences = config_differences(recorded, asked) + _train_differences(recorded, asked)
+    differences = [] if recorded is None else _differences(with_defaults(recorded), asked)
     if differences:
         raise ConfigError(
             f"{results}: holds the results of a run with other settings than "
@@ -147,6 +144,11 @@ def write_finished(run_dir: Path, state: dict[str, Any]) -> None:
 
     fields = {k: state[k] for k in ("finished", "step", "epoch", "elapsed")}
     atomic_write(run_dir / FINISHED, (json.dumps(fields, indent=2) + "\n").encode())
+
+
+def _differences(recorded: dict[str, Any], asked: dict[str, Any]) -> list[str]:
+    """The settings a recorded run differs in from the run asked (its budget aside)."""
+    return config_differences(recorded, asked) + _train_differences(recorded, asked)
 
 
 def _train_differences(recorded: dict[str, Any], asked: dict[str, Any]) -> list[str]:
