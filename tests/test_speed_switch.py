@@ -90,3 +90,33 @@ def test_every_packed_product_is_declared_by_its_module(preset, extra):
         held = {id(v) for v in vars(module).values() if isinstance(v, packed.PackedLinear)}
         declared = {id(v) for v in getattr(module, "packed_linears", tuple)()}
         assert held == declared, type(module).__name__
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fused_attention_on_a_gpu_never_takes_cudnn_and_computes_eq_1():
+    """cuDNN's attention builds a graph for every new shape (attention_math): attend must
+    route around it, forward and backward, and still compute eq. 1 (here against float32
+    math on the same bf16 inputs, to bf16's rounding)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from wtnmt.model.attention_math import attend
+
+    torch.manual_seed(0)
+    h, b, t, s, dk = 4, 3, 11, 13, 32
+    q, k, v = (
+        torch.randn(h, b, n, dk, device="cuda").bfloat16().requires_grad_() for n in (t, s, s)
+    )
+    key_pad = torch.zeros(b, s, dtype=torch.bool, device="cuda")
+    key_pad[1, 9:] = True
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fused, _ = attend(q, k, v, key_pad=key_pad, causal=False, dropout_p=0.0, need_probs=False)
+        fused.float().square().sum().backward()
+    names = " ".join(e.name for e in prof.key_averages())
+    assert "efficient_attention" in names or "flash_attention" in names, names
+    assert "cudnn" not in names, names
+    q32, k32, v32 = (x.detach().float().requires_grad_() for x in (q, k, v))
+    scores = (q32 @ k32.transpose(-1, -2)) / dk**0.5
+    reference = scores.masked_fill(key_pad[None, :, None, :], float("-inf")).softmax(-1) @ v32
+    reference.square().sum().backward()
+    torch.testing.assert_close(fused.float(), reference, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(q.grad.float(), q32.grad, atol=6e-2, rtol=6e-2)

@@ -5,10 +5,12 @@ PyTorch's fused kernel where that is faster) and both decoder cache paths call."
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from wtnmt.model.dropout import keep_scale, masked
 from wtnmt.model.speed import fast_paths
@@ -51,6 +53,12 @@ def padding_bias(key_pad: Tensor, heads: int, dtype: torch.dtype) -> Tensor:
 
 
 _SHORT_QUERIES = 8  # query blocks up to this length skip the fused kernel (see attend)
+# On a GPU, every backend of the fused kernel but cuDNN's. cuDNN's attention builds an
+# execution graph for each new shape it sees (hundreds of milliseconds of host time, cached by
+# shape), and training batches and decoding change shape from one call to the next: on an H200
+# a Multi30k update, 28 ms where the shapes repeat, took 150 ms where each batch was new. Flash
+# and memory-efficient attention have no such set-up.
+CUDA_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 _CPU_SHORT_KEYS = 128  # and, on CPU without gradients, attention to up to this many keys
 
 
@@ -91,9 +99,10 @@ def attend(
         fused = False
     if not need_probs and fused:
         mask = None if key_pad is None else ~key_pad[None, :, None, :]  # [1,B,1,S] True=attend
-        heads = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
-        )
+        with sdpa_kernel(CUDA_SDPA_BACKENDS) if q.is_cuda else nullcontext():
+            heads = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
+            )
         return heads, None
     # The math path, as batched matmuls over H·B: the head-split views of the projections
     # are copied once anyway (matmul would), so the copy of q carries the 1/√Dk and, under
