@@ -13,6 +13,9 @@ split in the grid's batch size. After 3 warm-up steps each, `--rounds` rounds; i
 model makes one step on the same batch, in an order that rotates from round to round. Printed:
 the median milliseconds a step per run, and its ratio to the reference run of its model (the
 grid's first run of the same preset without overrides of its own: "weighted", "transformer").
+``--profile N`` then profiles N more steps of each run (torch.profiler, the CPU and, where the
+runs train on one, the GPU) and prints where the time goes: on a GPU a step of a small model
+can be bound by the host's work rather than the device's.
 """
 
 from __future__ import annotations
@@ -25,6 +28,30 @@ import time
 from pathlib import Path
 
 
+def profile(trainer, batches, steps: int, label: str) -> None:  # type: ignore[no-untyped-def]
+    """``steps`` updates of ``trainer`` under torch.profiler: the wall time a step, the
+    device's busy time a step where it is a GPU, and the operators with the most host time."""
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    cuda = trainer.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for i in range(steps):
+            trainer.update([batches[i % len(batches)]])
+        if cuda:
+            torch.cuda.synchronize()
+        wall = (time.perf_counter() - start) / steps
+    events = prof.key_averages()
+    line = f"{label}: {1000 * wall:.1f} ms a step under the profiler"
+    if cuda:
+        busy = sum(e.self_device_time_total for e in events) / 1000 / steps
+        line += f", the GPU busy {busy:.1f} ms of it ({len(events)} operator kinds)"
+    print(line, flush=True)
+    print(events.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=48))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("grids", nargs="+", type=Path)
@@ -33,6 +60,9 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--batches", type=int, default=10)
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="N", help="then profile N steps a run"
+    )
     args = parser.parse_args()
     from wtnmt.runtime import machine_line
 
@@ -91,6 +121,8 @@ def main() -> None:
                 trainers[label].update([batch])
                 times[label].append(time.perf_counter() - start)
             print(f"round {r + 1}/{args.rounds}", file=sys.stderr, flush=True)
+        for label in labels if args.profile else []:
+            profile(trainers[label], batches, args.profile, label)
     median = {label: 1000 * statistics.median(t) for label, t in times.items()}
     print(f"{'run':28s} {'ms/step':>8s}  ratio ({args.threads} thread(s), {args.rounds} rounds)")
     for label in labels:

@@ -76,23 +76,37 @@ class Floor:
     """The plain loop around ``torch.nn.Transformer``: sinusoidal positions, √d-scaled tied
     embeddings, post-norm, logits at every target position, label-smoothed cross-entropy."""
 
-    def __init__(self, vocab: int, d: int = 256, heads: int = 4, layers: int = 3, ff: int = 1024):
+    def __init__(
+        self,
+        vocab: int,
+        d: int = 256,
+        heads: int = 4,
+        layers: int = 3,
+        ff: int = 1024,
+        *,
+        device: str = "cpu",
+        precision: str = "fp32",
+    ):
+        """On ``device``; ``precision`` bf16 runs forward and loss under bf16 autocast, as
+        wtnmt's bf16 does."""
         import torch
         from torch import nn
 
         from wtnmt.special import PAD
 
         torch.manual_seed(0)
-        self.pad, self.d = PAD, d
-        self.embed = nn.Embedding(vocab, d, padding_idx=PAD)
+        self.pad, self.d, self.device = PAD, d, torch.device(device)
+        self.dtype = torch.bfloat16 if precision == "bf16" else None
+        self.embed = nn.Embedding(vocab, d, padding_idx=PAD).to(self.device)
         nn.init.normal_(self.embed.weight, 0, d**-0.5)
         self.net = nn.Transformer(
             d, heads, layers, layers, ff, dropout=0.1, batch_first=True, norm_first=False
-        )
+        ).to(self.device)
         position = torch.arange(1024)[:, None]
         freq = torch.exp(torch.arange(0, d, 2) * (-math.log(10000.0) / d))
-        self.pe = torch.zeros(1024, d)
-        self.pe[:, 0::2], self.pe[:, 1::2] = torch.sin(position * freq), torch.cos(position * freq)
+        pe = torch.zeros(1024, d)
+        pe[:, 0::2], pe[:, 1::2] = torch.sin(position * freq), torch.cos(position * freq)
+        self.pe = pe.to(self.device)
         self.dropout = nn.Dropout(0.1)
         params = [*self.embed.parameters(), *self.net.parameters()]
         self.optimizer = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
@@ -106,26 +120,29 @@ class Floor:
 
         tokens = 0
         for b in batches:
-            src_pad, tgt_pad = b.src.eq(self.pad), b.tgt_in.eq(self.pad)
-            n_tgt = b.tgt_in.size(1)
-            causal = torch.ones(n_tgt, n_tgt, dtype=torch.bool).triu(1)  # True: masked
-            hidden = self.net(
-                self._embed(b.src),
-                self._embed(b.tgt_in),
-                tgt_mask=causal,
-                src_key_padding_mask=src_pad,
-                tgt_key_padding_mask=tgt_pad,
-                memory_key_padding_mask=src_pad,
-            )
-            logits = F.linear(hidden, self.embed.weight)
-            loss = F.cross_entropy(
-                logits.view(-1, logits.size(-1)),
-                b.tgt_out.reshape(-1),
-                ignore_index=self.pad,
-                label_smoothing=0.1,
-                reduction="sum",
-            )
-            n = int(b.tgt_out.ne(self.pad).sum())
+            src, tgt_in = b.src.to(self.device), b.tgt_in.to(self.device)
+            tgt_out = b.tgt_out.to(self.device)
+            src_pad, tgt_pad = src.eq(self.pad), tgt_in.eq(self.pad)
+            n_tgt = tgt_in.size(1)
+            causal = torch.ones(n_tgt, n_tgt, dtype=torch.bool, device=self.device).triu(1)
+            with torch.autocast(self.device.type, self.dtype, enabled=self.dtype is not None):
+                hidden = self.net(
+                    self._embed(src),
+                    self._embed(tgt_in),
+                    tgt_mask=causal,  # True: masked
+                    src_key_padding_mask=src_pad,
+                    tgt_key_padding_mask=tgt_pad,
+                    memory_key_padding_mask=src_pad,
+                )
+                logits = F.linear(hidden, self.embed.weight)
+                loss = F.cross_entropy(
+                    logits.view(-1, logits.size(-1)),
+                    tgt_out.reshape(-1),
+                    ignore_index=self.pad,
+                    label_smoothing=0.1,
+                    reduction="sum",
+                )
+            n = int(tgt_out.ne(self.pad).sum())
             (loss / n).backward()
             tokens += n
         self.optimizer.step()

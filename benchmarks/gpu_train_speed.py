@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""Training speed on one GPU at the paper's base size: the Weighted Transformer and the
+Transformer (presets weighted-A and transformer-A: N=6, D=512, F=2048, H=M=8, post-norm) in
+bf16 autocast, against a plain `torch.nn.Transformer` of that shape (its attention goes through
+PyTorch's fused scaled_dot_product_attention, with the backends PyTorch picks and with
+those wtnmt keeps to on a GPU, every one but cuDNN's), side by side in one process.
+
+    python benchmarks/gpu_train_speed.py [--seconds 60] [--max-tokens 16384] [--device cuda]
+
+Data: random token ids (a vocabulary of 37,000 as the presets'), 40,000 pairs whose source
+lengths are uniform in 5-60 and whose targets are within ±20% of them, batched as training
+batches them (`--max-tokens` counts padded source + target, fairseq's --max-tokens 8192 is
+16,384 here). wtnmt's models go through the real training step (Trainer.update: forward,
+label-smoothed loss, backward, clipping, Adam, the simplex projection of κ and α); the floor is
+the loop a user writes around `nn.Transformer` (tied embeddings, logits at every position,
+`F.cross_entropy` with label smoothing, `torch.optim.Adam`), under the same autocast. The
+models take turns, one step each on the same batch, in an order that rotates every round, for
+``--seconds`` after ``--warmup`` rounds; each step is timed from before it starts to after the
+device has finished it. Printed per model: median milliseconds a step, real target tokens
+(EOS included) per second of its own steps, and its ratio to the floor; ``--json`` writes them.
+``--device cpu --tiny`` runs the same code on a small shape, to check the script without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from train_speed import Floor
+
+VOCAB = 37000
+FLOOR = "floor (nn.Transformer)"  # the ratios' baseline: PyTorch's own choice of kernels
+
+
+class WithoutCudnnAttention:
+    """The floor with its fused attention kept to the backends wtnmt uses on a GPU
+    (attention_math.CUDA_SDPA_BACKENDS): every one but cuDNN's, which builds a graph for each
+    new batch shape."""
+
+    def __init__(self, floor: Floor) -> None:
+        self.floor = floor
+
+    def update(self, batches):  # type: ignore[no-untyped-def]
+        from torch.nn.attention import sdpa_kernel
+
+        from wtnmt.model.attention_math import CUDA_SDPA_BACKENDS
+
+        with sdpa_kernel(CUDA_SDPA_BACKENDS):
+            return self.floor.update(batches)
+
+
+def synthetic_data(out: Path, pairs: int, vocab: int, seed: int = 0) -> None:
+    """Random ids in the prepared format: the three splits train, valid, test."""
+    import numpy as np
+
+    from wtnmt.data.dataset import write_ids
+
+    rng = np.random.default_rng(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", pairs), ("valid", 64), ("test", 64)):
+        src_len = rng.integers(5, 61, size=n)
+        tgt_len = np.maximum(1, np.rint(src_len * rng.uniform(0.8, 1.2, size=n))).astype(int)
+        for side, lengths in (("src", src_len), ("tgt", tgt_len)):
+            write_ids(
+                out / f"{split}.{side}", [rng.integers(4, vocab, size=k) for k in lengths], vocab
+            )
+
+
+def trainer(preset: str, args, data: Path, run: Path):  # type: ignore[no-untyped-def]
+    from wtnmt.config import load_config
+    from wtnmt.train import Trainer
+
+    overrides = [
+        f"train.max_tokens={args.max_tokens}",
+        "train.update_freq=1",
+        f"train.precision={args.precision}",
+        f"train.device={args.device}",
+        "train.max_steps=1000000",
+        "train.max_time=null",
+    ]
+    if args.tiny:
+        overrides += ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=64",
+                      "model.d_ff=128", "model.heads=4"]  # fmt: skip
+    config = load_config(preset, overrides)
+    return Trainer(config, run, log_to_stderr=False, data_dir=data, vocab_size=args.vocab)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
+    parser.add_argument("--max-tokens", type=int, default=16384)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--warmup", type=int, default=10, help="untimed rounds first")
+    parser.add_argument("--pairs", type=int, default=40000)
+    parser.add_argument("--vocab", type=int, default=VOCAB)
+    parser.add_argument("--tiny", action="store_true", help="N=1 D=64: a check of the script")
+    parser.add_argument("--json", type=Path, help="write the figures here too")
+    args = parser.parse_args()
+
+    import torch
+
+    from wtnmt.data import plan_batches
+    from wtnmt.runtime import machine_line
+
+    device = torch.device(args.device)
+    name = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else machine_line(torch.get_num_threads())
+    )
+    print(f"device: {name}; torch {torch.__version__}; {args.precision}", flush=True)
+
+    def finish() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "prepared"
+        synthetic_data(data, args.pairs, args.vocab)
+        entries = {}
+        for label, preset in (("weighted", "weighted-A"), ("transformer", "transformer-A")):
+            entries[label] = trainer(preset, args, data, Path(tmp) / label)
+        shape = entries["transformer"].config.model
+        for label in ("floor, no cuDNN attention", "floor (nn.Transformer)"):
+            entries[label] = Floor(
+                args.vocab, shape.d_model, shape.heads, shape.encoder_layers, shape.d_ff,
+                device=args.device, precision=args.precision,
+            )  # fmt: skip
+        entries["floor, no cuDNN attention"] = WithoutCudnnAttention(
+            entries["floor, no cuDNN attention"]
+        )
+        params = {
+            label: sum(p.numel() for p in e.model.parameters()) for label, e in entries.items()
+            if hasattr(e, "model")
+        }  # fmt: skip
+        floor = entries["floor (nn.Transformer)"]
+        params["floor (nn.Transformer)"] = params["floor, no cuDNN attention"] = sum(
+            p.numel() for m in (floor.embed, floor.net) for p in m.parameters()
+        )
+        d = entries["weighted"].train_data
+        plan = plan_batches(
+            d.src_lengths, d.tgt_lengths, max_tokens=args.max_tokens, seed=1, epoch=0
+        )
+        batches = [d.collate(i) for i in plan.batches[:100]]
+        names = list(entries)
+        times: dict[str, list[float]] = {n: [] for n in names}
+        tokens = dict.fromkeys(names, 0)
+        rounds, begin = 0, None
+        while begin is None or time.perf_counter() - begin < args.seconds:
+            batch = batches[rounds % len(batches)]
+            shift = rounds % len(names)
+            for label in names[shift:] + names[:shift]:
+                finish()
+                start = time.perf_counter()
+                n = entries[label].update([batch]).tokens
+                finish()
+                if rounds >= args.warmup:
+                    times[label].append(time.perf_counter() - start)
+                    tokens[label] += n
+            rounds += 1
+            if rounds == args.warmup:
+                begin = time.perf_counter()
+        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    floor = tokens[FLOOR] / sum(times[FLOOR])
+    result = {
+        "device": name,
+        "torch": torch.__version__,
+        "precision": args.precision,
+        "max_tokens": args.max_tokens,
+        "timed_rounds": rounds - args.warmup,
+        "peak_allocated_gib_all_models": peak,
+        "models": {},
+    }
+    print(f"{rounds - args.warmup} timed rounds of one step each, batches of {args.max_tokens} "
+          f"padded source + target tokens")  # fmt: skip
+    print(f"  {'model':26s} {'ms/step':>8s} {'tgt tok/s':>10s}  ×floor  parameters")
+    for label in names:
+        rate = tokens[label] / sum(times[label])
+        ms = 1000 * statistics.median(times[label])
+        count = params[label]
+        result["models"][label] = {"ms_per_step": ms, "tgt_tokens_per_s": rate,
+                                   "x_floor": rate / floor, "parameters": count}  # fmt: skip
+        shown = f"{count / 1e6:.1f}M"
+        print(f"  {label:26s} {ms:8.1f} {rate:10.0f}  {rate / floor:5.2f}  {shown}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
