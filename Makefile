@@ -6,6 +6,10 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# pytest-xdist workers, one a core, each test file whole on one worker (its module fixtures
+# built once); PYTEST_WORKERS=0 runs the tests in this process, one after another.
+PYTEST_WORKERS ?= auto
+PYTEST := $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 .PHONY: setup test test-slow test-avx2 lint format demo bench clean
 
@@ -22,12 +26,12 @@ lint: setup
 	$(BIN)/ruff format --check src tests benchmarks
 
 test: lint
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 
 # The end-to-end tests (worker processes, DDP, the experiment runner, overfitting, the serve
 # command, real servers with slow clients, the kill soak): minutes, where `make test` is quick.
 test-slow: setup
-	$(BIN)/python -m pytest -q -m slow
+	$(PYTEST) -m slow
 
 # The model, training and decoding tests again on the kernels of a CPU with AVX2 only (no
 # AVX-512, no native bf16), so that a newer CPU checks the older path too.
@@ -39,7 +43,7 @@ test-avx2: setup
 	@if [ "$$($(BIN)/python -c 'import torch; print(torch.backends.cpu.get_cpu_capability())')" = AVX2 ]; then \
 		echo "test-avx2: this CPU's kernels are AVX2 already; make test ran these tests on them"; \
 	else \
-		ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(BIN)/python -m pytest -q $(AVX2_TESTS); \
+		ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(PYTEST) $(AVX2_TESTS); \
 	fi
 
 format: setup
