@@ -269,6 +269,36 @@ def test_a_grid_scores_the_mean_of_the_last_checkpoints_when_asked(tmp_path):
     assert plan_task(other.runs[0], other).what == "score"  # not the scores asked for
 
 
+def test_a_grid_scores_paper_table_3_of_its_weighted_runs_on_the_weights_it_scored(tmp_path):
+    from wtnmt.data.corpora import sha256_of
+
+    fixed = {"name": "fixed", "preset": str(tmp_path / "tiny.yaml"),
+             "set": {"model.branch_weights": "fixed"}}  # fmt: skip
+    path = write_grid(
+        tmp_path, seeds=[1], evaluate={"split": "test", "beam": 2, "average": 2},
+        analyze={"out": str(tmp_path / "report"), "random_seeds": 2},
+    )  # fmt: skip
+    grid = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**grid, "runs": [*grid["runs"], fixed]}, sort_keys=False))
+    assert run_grid(load_grid(path), say=lambda _: None) == {
+        "weighted-s1": "finished",
+        "fixed-s1": "finished",
+    }
+    run = tmp_path / "runs" / "weighted-s1"
+    digest = sha256_of(run / "average-last2.safetensors")
+    for name, how, seed in [("uniform0", "uniform", None), ("random1", "random", 1),
+                            ("random2", "random", 2)]:  # fmt: skip
+        kept = json.loads((run / "eval" / f"average-last2.{name}.test.beam2.json").read_text())
+        assert (kept["weights"], kept["branch_weights"], kept["seed"]) == (
+            "average-last2.safetensors",
+            how,
+            seed,
+        )
+        assert kept["weights_sha256"] == digest and (run / kept["hypotheses"]).is_file()
+    # κ = α = 1/M throughout: uniform is what it has, and the grid asks nothing more of it
+    assert not list((tmp_path / "runs" / "fixed-s1" / "eval").glob("*uniform*"))
+
+
 @pytest.mark.parametrize(
     ("average", "message"),
     [

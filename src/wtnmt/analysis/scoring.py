@@ -150,14 +150,19 @@ def score_run(
 
 
 def branch_weight_ablation(
-    run_dir: str | Path, *, split: str = "test", random_seeds: int = 3, beam: int | None = None
+    run_dir: str | Path,
+    *,
+    split: str = "test",
+    random_seeds: int = 3,
+    beam: int | None = None,
+    weights: str = "model.safetensors",
 ) -> dict[str, Any]:
-    """Paper Table 3: the split's scores with the learned κ, α, with uniform ones and with
-    random ones (``random_seeds`` draws, mean ± sd)."""
-    learned = score_run(run_dir, split=split, beam=beam)
-    uniform = score_run(run_dir, split=split, beam=beam, branch_weights="uniform")
+    """Paper Table 3: the split's scores of ``weights`` with the learned κ, α, with uniform
+    ones and with random ones (``random_seeds`` draws, mean ± sd)."""
+    learned = score_run(run_dir, split=split, beam=beam, weights=weights)
+    uniform = score_run(run_dir, split=split, beam=beam, weights=weights, branch_weights="uniform")
     randoms = [
-        score_run(run_dir, split=split, beam=beam, branch_weights="random", seed=s)
+        score_run(run_dir, split=split, beam=beam, weights=weights, branch_weights="random", seed=s)
         for s in range(1, random_seeds + 1)
     ]
     row: dict[str, Any] = {"learned": learned, "uniform": uniform, "random": randoms}

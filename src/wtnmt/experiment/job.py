@@ -1,5 +1,6 @@
 """One run of a grid, in a process of its own (``python -m wtnmt.experiment.job SPEC``): train
-(new or resumed), then score the weights on the corpus's test split into ``scores.json``.
+(new or resumed), then score the weights on the corpus's test split into ``scores.json`` and,
+where the grid's ``analyze.random_seeds`` asks for it, paper Table 3 of a Weighted Transformer.
 
 A process per run gives each its own threads, and a run that fails or is killed takes nothing
 else with it: the runner sees its exit status and the run directory keeps its checkpoints.
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from wtnmt.analysis.metrics import RunMetrics
-from wtnmt.analysis.scoring import score_run
+from wtnmt.analysis.scoring import branch_weight_ablation, score_run
 from wtnmt.config import load_config
 from wtnmt.experiment.plan import scored, write_finished
 
@@ -59,6 +60,31 @@ def evaluate(run_dir: Path, spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def branch_weights_at_test_time(
+    run_dir: Path, spec: dict[str, Any], scores: dict[str, Any]
+) -> None:
+    """Paper Table 3 of a Weighted Transformer with learned κ, α: the weights it was scored
+    with, with uniform and ``spec["table3"]`` random κ, α, kept in ``eval/`` with the other
+    decodings. Now, while the weights exist: a GPU lent by the call or a work directory keeps
+    them no longer than the run, and `wtnmt analyze` reads the kept scores."""
+    model = load_config(run_dir / "config.yaml").model
+    if not spec.get("table3") or model.attention != "branched" or model.branch_weights == "fixed":
+        return
+    split = spec["evaluate"]["split"]
+    row = branch_weight_ablation(
+        run_dir,
+        split=split,
+        beam=spec["evaluate"].get("beam"),
+        weights=scores[split]["weights"],
+        random_seeds=spec["table3"],
+    )
+    print(
+        f"{run_dir.name}: {split} BLEU with uniform κ, α {row['uniform']['bleu']:.2f}, with "
+        f"random ones {row['random_bleu_mean']:.2f} ± {row['random_bleu_sd']:.2f} (paper Table 3)",
+        file=sys.stderr,
+    )
+
+
 def _scored_as_trained(run_dir: Path, asked: dict[str, Any]) -> bool:
     """Whether ``scores.json`` already holds the scores ``asked`` of the weights the run has
     now: a resume that stopped at once (another stopping rule, already met) trained nothing,
@@ -90,6 +116,7 @@ def main(argv: list[str]) -> int:
             f"lowercased Moses tokens {scores[split]['bleu_moses']:.2f})",
             file=sys.stderr,
         )
+        branch_weights_at_test_time(run_dir, spec, scores)
     return 0
 
 

@@ -60,6 +60,7 @@ def _launch(task: Task, grid: Grid) -> subprocess.Popen:
         "train": task.train,
         "resume": task.resume,
         "evaluate": grid.evaluate if task.evaluate else None,
+        "table3": (grid.analyze or {}).get("random_seeds") if task.evaluate else None,
     }
     threads = str(grid.threads)
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
