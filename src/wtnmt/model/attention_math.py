@@ -53,13 +53,14 @@ def padding_bias(key_pad: Tensor, heads: int, dtype: torch.dtype) -> Tensor:
 
 
 _SHORT_QUERIES = 8  # query blocks up to this length skip the fused kernel (see attend)
+_CPU_SHORT_KEYS = 128  # and, on CPU without gradients, attention to up to this many keys
 # On a GPU, every backend of the fused kernel but cuDNN's. cuDNN's attention builds an
 # execution graph for each new shape it sees (hundreds of milliseconds of host time, cached by
-# shape), and training batches and decoding change shape from one call to the next: on an H200
-# a Multi30k update, 28 ms where the shapes repeat, took 150 ms where each batch was new. Flash
-# and memory-efficient attention have no such set-up.
+# shape), and training batches and decoding change shape from one call to the next. On an H200
+# a Multi30k update took 28 ms where the shapes repeated and 85-150 ms in a grid whose batches
+# were new (nine runs side by side), 36 ms there without cuDNN's (two side by side); a base-size
+# nn.Transformer update 488 ms against 61 (benchmarks/gpu_train_speed.py).
 CUDA_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-_CPU_SHORT_KEYS = 128  # and, on CPU without gradients, attention to up to this many keys
 
 
 def attend(
