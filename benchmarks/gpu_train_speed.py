@@ -29,12 +29,11 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from train_speed import Floor
+from train_speed import Floor, take_turns
 
 VOCAB = 37000
 FLOOR = "floor, no cuDNN attention"  # the ratios' baseline: the kernels wtnmt uses
@@ -130,67 +129,45 @@ def main() -> None:
         for label, preset in (("weighted", "weighted-A"), ("transformer", "transformer-A")):
             entries[label] = trainer(preset, args, data, Path(tmp) / label)
         shape = entries["transformer"].config.model
-        for label in ("floor, no cuDNN attention", "floor (nn.Transformer)"):
-            entries[label] = Floor(
-                args.vocab, shape.d_model, shape.heads, shape.encoder_layers, shape.d_ff,
-                device=args.device, precision=args.precision,
-            )  # fmt: skip
-        entries["floor, no cuDNN attention"] = WithoutCudnnAttention(
-            entries["floor, no cuDNN attention"]
-        )
-        params = {
-            label: sum(p.numel() for p in e.model.parameters()) for label, e in entries.items()
-            if hasattr(e, "model")
-        }  # fmt: skip
-        floor = entries["floor (nn.Transformer)"]
-        params["floor (nn.Transformer)"] = params["floor, no cuDNN attention"] = sum(
-            p.numel() for m in (floor.embed, floor.net) for p in m.parameters()
+        floors = [
+            Floor(args.vocab, shape.d_model, shape.heads, shape.encoder_layers, shape.d_ff,
+                  device=args.device, precision=args.precision)
+            for _ in range(2)
+        ]  # fmt: skip
+        entries[FLOOR] = WithoutCudnnAttention(floors[0])
+        entries["floor (nn.Transformer)"] = floors[1]
+        params = {label: sum(p.numel() for p in entries[label].model.parameters())
+                  for label in ("weighted", "transformer")}  # fmt: skip
+        params[FLOOR] = params["floor (nn.Transformer)"] = sum(
+            p.numel() for p in floors[1].parameters()
         )
         d = entries["weighted"].train_data
         plan = plan_batches(
             d.src_lengths, d.tgt_lengths, max_tokens=args.max_tokens, seed=1, epoch=0
         )
         batches = [d.collate(i) for i in plan.batches[:100]]
-        names = list(entries)
-        times: dict[str, list[float]] = {n: [] for n in names}
-        tokens = dict.fromkeys(names, 0)
-        rounds, begin = 0, None
-        while begin is None or time.perf_counter() - begin < args.seconds:
-            batch = batches[rounds % len(batches)]
-            shift = rounds % len(names)
-            for label in names[shift:] + names[:shift]:
-                finish()
-                start = time.perf_counter()
-                n = entries[label].update([batch]).tokens
-                finish()
-                if rounds >= args.warmup:
-                    times[label].append(time.perf_counter() - start)
-                    tokens[label] += n
-            rounds += 1
-            if rounds == args.warmup:
-                begin = time.perf_counter()
+        turns = take_turns(entries, batches, args.seconds, args.warmup, finish)
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    floor = tokens[FLOOR] / sum(times[FLOOR])
+    floor = turns.rate(FLOOR)
     result = {
         "device": name,
         "torch": torch.__version__,
         "precision": args.precision,
         "max_tokens": args.max_tokens,
-        "timed_rounds": rounds - args.warmup,
+        "timed_rounds": turns.rounds,
         "peak_allocated_gib_all_models": peak,
         "models": {},
     }
-    print(f"{rounds - args.warmup} timed rounds of one step each, batches of {args.max_tokens} "
+    print(f"{turns.rounds} timed rounds of one step each, batches of {args.max_tokens} "
           f"padded source + target tokens")  # fmt: skip
     print(f"  {'model':26s} {'ms/step':>8s} {'tgt tok/s':>10s}  ×floor  parameters")
-    for label in names:
-        rate = tokens[label] / sum(times[label])
-        ms = 1000 * statistics.median(times[label])
+    for label in entries:
+        rate, ms = turns.rate(label), 1000 * statistics.median(turns.times[label])
         count = params[label]
         result["models"][label] = {"ms_per_step": ms, "tgt_tokens_per_s": rate,
                                    "x_floor": rate / floor, "parameters": count}  # fmt: skip
-        shown = f"{count / 1e6:.1f}M"
-        print(f"  {label:26s} {ms:8.1f} {rate:10.0f}  {rate / floor:5.2f}  {shown}", flush=True)
+        print(f"  {label:26s} {ms:8.1f} {rate:10.0f}  {rate / floor:5.2f}  {count / 1e6:.1f}M",
+              flush=True)  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
 

@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,8 +109,11 @@ class Floor:
         pe[:, 0::2], pe[:, 1::2] = torch.sin(position * freq), torch.cos(position * freq)
         self.pe = pe.to(self.device)
         self.dropout = nn.Dropout(0.1)
-        params = [*self.embed.parameters(), *self.net.parameters()]
+        params = self.parameters()
         self.optimizer = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+
+    def parameters(self) -> list:
+        return [*self.embed.parameters(), *self.net.parameters()]
 
     def _embed(self, ids):  # type: ignore[no-untyped-def]
         return self.dropout(self.embed(ids) * self.d**0.5 + self.pe[: ids.size(1)])
@@ -220,25 +224,49 @@ def alternate(
                 entries[f"{flavour} F.linear"] = PlainLinear(
                     _trainer(flavour, "fp32", data, vocab, f"{tmp}/{flavour}-plain", threads)
                 )
-        batches = _batches(entries["weighted fp32"])
-        names = list(entries)
-        spent = {name: 0.0 for name in names}
-        tokens = {name: 0 for name in names}
-        rounds, begin = 0, None
-        while begin is None or time.perf_counter() - begin < seconds:
-            batch = batches[rounds % len(batches)]
-            shift = rounds % len(names)
-            for name in names[shift:] + names[:shift]:
-                start = time.perf_counter()
-                n = entries[name].update([batch]).tokens
-                if rounds >= warmup:
-                    spent[name] += time.perf_counter() - start
-                    tokens[name] += n
-            rounds += 1
-            if rounds == warmup:
-                begin = time.perf_counter()
-    print(f"{rounds - warmup} timed rounds of one step each, {threads} threads", flush=True)
-    return {name: tokens[name] / spent[name] for name in names}
+        turns = take_turns(entries, _batches(entries["weighted fp32"]), seconds, warmup)
+    print(f"{turns.rounds} timed rounds of one step each, {threads} threads", flush=True)
+    return {name: turns.rate(name) for name in entries}
+
+
+@dataclass
+class Turns:
+    """What ``take_turns`` timed: each entry's step times (seconds) and real target tokens."""
+
+    times: dict[str, list[float]]
+    tokens: dict[str, int]
+    rounds: int
+
+    def rate(self, name: str) -> float:
+        """Target tokens a second of ``name``'s own steps."""
+        return self.tokens[name] / sum(self.times[name])
+
+
+def take_turns(  # type: ignore[no-untyped-def]
+    entries: dict, batches: list, seconds: float, warmup: int, finish=lambda: None
+) -> Turns:
+    """Each entry one ``update([batch])`` a round on the same batch, in an order that rotates
+    every round (the machine's drift hits all alike), for ``seconds`` after ``warmup`` untimed
+    rounds. ``finish`` waits for the device (a GPU's queue) before and after each step."""
+    names = list(entries)
+    turns = Turns({name: [] for name in names}, dict.fromkeys(names, 0), 0)
+    rounds, begin = 0, None
+    while begin is None or time.perf_counter() - begin < seconds:
+        batch = batches[rounds % len(batches)]
+        shift = rounds % len(names)
+        for name in names[shift:] + names[:shift]:
+            finish()
+            start = time.perf_counter()
+            n = entries[name].update([batch]).tokens
+            finish()
+            if rounds >= warmup:
+                turns.times[name].append(time.perf_counter() - start)
+                turns.tokens[name] += n
+        rounds += 1
+        if rounds == warmup:
+            begin = time.perf_counter()
+    turns.rounds = rounds - warmup
+    return turns
 
 
 def peak_memory(flavour: str, precision: str, data: Path, vocab: int, steps: int) -> dict:
