@@ -299,6 +299,41 @@ def test_a_grid_scores_paper_table_3_of_its_weighted_runs_on_the_weights_it_scor
     assert not list((tmp_path / "runs" / "fixed-s1" / "eval").glob("*uniform*"))
 
 
+def test_a_run_stopped_before_its_table_3_is_whole_is_scored_again(tmp_path, monkeypatch):
+    """--stop-after or a signal can stop a run's process between its test scores and the
+    last of its Table 3 decodings: the grid must not take it as scored, its weights may be
+    gone at the next call."""
+    from wtnmt.experiment import job
+    from wtnmt.experiment.runner import job_payload
+
+    path = write_grid(
+        tmp_path, seeds=[1], evaluate={"split": "test", "beam": 2, "average": 2},
+        analyze={"out": str(tmp_path / "report"), "random_seeds": 2},
+    )  # fmt: skip
+    grid = load_grid(path)
+    spec = grid.runs[0]
+
+    def stopped(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt  # as the runner's stop reaches a run while it decodes
+
+    monkeypatch.setattr(job, "branch_weight_ablation", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        job.main([json.dumps(job_payload(plan_task(spec, grid), grid))])
+    assert (spec.run_dir / "finished.json").is_file()
+    assert not (spec.run_dir / "scores.json").exists()
+    assert plan_task(spec, grid).what == "score"
+    monkeypatch.undo()
+    assert run_grid(grid, say=lambda _: None) == {"weighted-s1": "finished"}
+    assert plan_task(spec, grid) is None
+    kept = sorted(p.name for p in (spec.run_dir / "eval").glob("average-last2.*.json"))
+    assert kept == [
+        "average-last2.random1.test.beam2.json",
+        "average-last2.random2.test.beam2.json",
+        "average-last2.test.beam2.json",
+        "average-last2.uniform0.test.beam2.json",
+    ]
+
+
 @pytest.mark.parametrize(
     ("average", "message"),
     [

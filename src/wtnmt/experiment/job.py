@@ -18,6 +18,7 @@ from wtnmt.analysis.metrics import RunMetrics
 from wtnmt.analysis.scoring import branch_weight_ablation, score_run
 from wtnmt.config import load_config
 from wtnmt.experiment.plan import scored, write_finished
+from wtnmt.rundir import atomic_write
 
 
 def training_summary(run_dir: Path) -> dict[str, Any]:
@@ -109,7 +110,6 @@ def main(argv: list[str]) -> int:
     if spec["evaluate"] and not _scored_as_trained(run_dir, spec["evaluate"]):
         scores = {"run": run_dir.name, **training_summary(run_dir), **evaluate(run_dir, spec)}
         split = spec["evaluate"]["split"]
-        (run_dir / "scores.json").write_text(json.dumps(scores, indent=2) + "\n")
         print(
             f"{run_dir.name}: {split} BLEU {scores[split]['bleu']:.2f} chrF "
             f"{scores[split]['chrf']:.2f} (lowercased BLEU {scores[split]['bleu_lc']:.2f}, on "
@@ -117,6 +117,9 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         branch_weights_at_test_time(run_dir, spec, scores)
+        # last: scores.json tells the grid the run is scored, so a run stopped before its
+        # Table 3 was whole (--stop-after, a signal) is scored again, not taken as done
+        atomic_write(run_dir / "scores.json", (json.dumps(scores, indent=2) + "\n").encode())
     return 0
 
 

@@ -50,10 +50,10 @@ def _emulated_bf16(spec: RunSpec) -> bool:
     return bf16_emulated(train.precision, resolve_device("auto").type)
 
 
-def _launch(task: Task, grid: Grid) -> subprocess.Popen:
+def job_payload(task: Task, grid: Grid) -> dict[str, Any]:
+    """What a run's process (wtnmt.experiment.job) is told to do, as JSON."""
     spec = task.spec
-    spec.run_dir.mkdir(parents=True, exist_ok=True)
-    payload = {
+    return {
         "run_dir": str(spec.run_dir),
         "preset": spec.preset,
         "overrides": list(spec.overrides),
@@ -62,6 +62,12 @@ def _launch(task: Task, grid: Grid) -> subprocess.Popen:
         "evaluate": grid.evaluate if task.evaluate else None,
         "table3": (grid.analyze or {}).get("random_seeds") if task.evaluate else None,
     }
+
+
+def _launch(task: Task, grid: Grid) -> subprocess.Popen:
+    spec = task.spec
+    spec.run_dir.mkdir(parents=True, exist_ok=True)
+    payload = job_payload(task, grid)
     threads = str(grid.threads)
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     log = open(spec.run_dir / "experiment.log", "a", encoding="utf-8")
@@ -237,4 +243,4 @@ def _run_tasks(  # type: ignore[no-untyped-def]
     return outcome
 
 
-__all__ = ["copy_finished_results", "run_grid"]
+__all__ = ["copy_finished_results", "job_payload", "run_grid"]
