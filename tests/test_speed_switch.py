@@ -111,7 +111,7 @@ def test_fused_attention_on_a_gpu_never_takes_cudnn_and_computes_eq_1():
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fused, _ = attend(q, k, v, key_pad=key_pad, causal=False, dropout_p=0.0, need_probs=False)
         fused.float().square().sum().backward()
-    names = " ".join(e.name for e in prof.key_averages())
+    names = " ".join(e.key for e in prof.key_averages())
     assert "efficient_attention" in names or "flash_attention" in names, names
     cudnn = [n for n in names.split() if "cudnn" in n and ("attention" in n or "sdpa" in n)]
     assert not cudnn, cudnn
