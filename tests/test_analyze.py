@@ -145,13 +145,57 @@ def test_analyze_draws_every_figure_and_the_numbers_are_the_recorded_ones(runs, 
     first = _markdown_table(summary, f"Steps and seconds to dev BLEU {target['valid_bleu']:.2f}")
     reached = steps_to_bleu(RunMetrics.load(runs[0]), target["valid_bleu"])
     assert first[0][:3] == ["weighted-s1", str(reached[0]), "1.00"]
-    table3 = _markdown_table(summary, "Branch weights at test time (paper Table 3), weighted-s1")
-    assert [r[0] for r in table3] == ["learned", "uniform", "random"]
+    table3 = _markdown_table(summary, "Branch weights at test time (paper Table 3)")
+    assert [r[:2] for r in table3] == [["weighted-s1", "model.safetensors"]]  # one seed
     learned = json.loads((runs[0] / "scores.json").read_text())["test"]
-    assert table3[0][1] == f"{learned['bleu']:.2f}"  # the learned row is the run's own score
-    assert re.fullmatch(r"\d+\.\d\d ± \d+\.\d\d", table3[2][1])
+    assert table3[0][2] == f"{learned['bleu']:.2f}"  # the learned row is the run's own score
+    kept = runs[0] / "eval" / f"uniform0.test.beam{learned['beam']}.json"  # its beam, by name
+    uniform = json.loads(kept.read_text())
+    assert uniform["branch_weights"] == "uniform" and table3[0][3] == f"{uniform['bleu']:.2f}"
+    assert re.fullmatch(r"\d+\.\d\d ± \d+\.\d\d", table3[0][4]) and table3[0][5] == "2"
+    assert table3[0][6] == f"{round(uniform['bleu'] - learned['bleu'], 2):.2f}"
     equal = _markdown_table(summary, "Test scores at equal update steps (12)")
     assert [r[0] for r in equal] == ["weighted-s1", "transformer-s1"]
+
+
+def test_table_3_over_seeds_reads_each_runs_kept_decodings_of_the_weights_it_scored(runs, tmp_path):
+    """Clones of committed results: no weights, the decodings a grid kept of its averaged
+    weights. Each seed's row is its own files; the model's row is the mean ± sd of the rows;
+    a run with κ, α fixed at 1/M has no Table 3 (uniform is what it has)."""
+    import shutil
+
+    from wtnmt.analysis.table3 import table3
+    from wtnmt.analysis.tables import Run
+
+    # seed: (learned, uniform, random draws kept)
+    made = {"weighted-s1": (40.0, 36.0, [30.0, 20.0]), "weighted-s2": (38.0, 35.0, [26.0])}
+    clones = []
+    for name, (learned, uniform, randoms) in made.items():
+        clone = tmp_path / name
+        shutil.copytree(runs[0], clone, ignore=shutil.ignore_patterns("*.safetensors", "eval"))
+        test = {"bleu": learned, "beam": 5, "weights": "average-last10.safetensors"}
+        (clone / "scores.json").write_text(json.dumps({"test": test}))
+        (clone / "eval").mkdir()
+        kept = [("uniform0", uniform)] + [(f"random{s}", b) for s, b in enumerate(randoms, 1)]
+        for how, bleu in kept:
+            path = clone / "eval" / f"average-last10.{how}.test.beam5.json"
+            path.write_text(json.dumps({"bleu": bleu}))
+        clones.append(Run.load(clone))
+    fixed = tmp_path / "weighted-fixed-s1"
+    shutil.copytree(clones[0].path, fixed)
+    config = yaml.safe_load((fixed / "config.yaml").read_text().split("\n", 1)[1])
+    config["model"]["branch_weights"] = "fixed"
+    (fixed / "config.yaml").write_text("#\n" + yaml.safe_dump(config))
+    table = table3([*clones, Run.load(fixed)], random_seeds=3, decode=False)
+    assert table is not None
+    assert table.rows == [
+        ["weighted-s1", "average-last10.safetensors", 40.0, 36.0, "25.00 ± 7.07", 2, -4.0, -15.0],
+        ["weighted-s2", "average-last10.safetensors", 38.0, 35.0, "26.00", 1, -3.0, -12.0],
+        # means over seeds: learned (40, 38), uniform (36, 35), random means (25, 26)
+        ["weighted (2 seeds)", None, "39.00 ± 1.41", "35.50 ± 0.71", "25.50 ± 0.71", 3,
+         "-3.50 ± 0.71", "-13.50 ± 2.12"],
+    ]  # fmt: skip
+    assert table3([Run.load(fixed)], random_seeds=3, decode=False) is None
 
 
 def test_kappa_alpha_figure_shades_the_freeze_window_and_pairs_losses(runs):
@@ -330,7 +374,7 @@ def test_a_clone_without_weights_reports_the_same_numbers(runs, tmp_path):
     full, again = ((tmp_path / d / "summary.md").read_text() for d in ("full", "again"))
     for title in (
         "Runs",
-        "Branch weights at test time (paper Table 3), weighted-s1",
+        "Branch weights at test time (paper Table 3)",
         "Test scores at equal update steps (12)",
         "Paired bootstrap on the test split (1000 samples), best seeds by dev BLEU",
     ):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from wtnmt.analysis import deep, figures
+from wtnmt.analysis.table3 import table3
 from wtnmt.analysis.tables import (
     Run,
     Table,
@@ -33,28 +34,6 @@ def _best(runs: list[Run]) -> Run | None:
     """The run of the best dev BLEU (the test split is never used to choose)."""
     scored = [r for r in runs if r.metrics.best_valid is not None]
     return max(scored, key=lambda r: r.metrics.best_valid["valid_bleu"]) if scored else None  # type: ignore[index]
-
-
-def ablation_table(run: Run, random_seeds: int) -> Table:
-    from wtnmt.analysis.scoring import branch_weight_ablation
-
-    row = branch_weight_ablation(run.path, random_seeds=random_seeds)
-    table = Table(
-        f"Branch weights at test time (paper Table 3), {run.name}",
-        ["κ, α", "test BLEU", "test chrF"],
-        note=f"random: {random_seeds} draws (seeds 1–{random_seeds}), mean ± sd; the same "
-        "weights and beam otherwise",
-    )
-    table.rows.append(["learned", row["learned"]["bleu"], row["learned"]["chrf"]])
-    table.rows.append(["uniform", row["uniform"]["bleu"], row["uniform"]["chrf"]])
-    table.rows.append(
-        [
-            "random",
-            f"{row['random_bleu_mean']:.2f} ± {row['random_bleu_sd']:.2f}",
-            f"{row['random_chrf_mean']:.2f} ± {row['random_chrf_sd']:.2f}",
-        ]
-    )
-    return table
 
 
 def equal_steps_table(runs: list[Run]) -> Table | None:
@@ -270,8 +249,11 @@ def analyze(
             "Steps and seconds to the target dev BLEU",
             figures.plot_steps_to_bleu(rows, target, out / "steps_to_bleu.png"),
         )
+    branch_weights = table3(runs, random_seeds, decode)  # the kept decodings without decode
+    if branch_weights is not None:
+        report.tables.append(branch_weights)
     if decode:
-        _measure_with_weights(report, runs, random_seeds=random_seeds, sentence=sentence)
+        _measure_with_weights(report, runs, sentence=sentence)
     return _write(report, runs, target)
 
 
@@ -305,15 +287,11 @@ def _draw_curves(report: _Report, runs: list[Run], window: int) -> None:
         )
 
 
-def _measure_with_weights(
-    report: _Report, runs: list[Run], *, random_seeds: int, sentence: int
-) -> None:
-    """Table 3, the attention maps, the disagreement scores, equal-step scores and the
-    paired bootstrap: what needs the runs' weights (or their cached decodings)."""
+def _measure_with_weights(report: _Report, runs: list[Run], *, sentence: int) -> None:
+    """The attention maps, the disagreement scores, equal-step scores and the paired
+    bootstrap: what needs the runs' weights (or their cached decodings)."""
     weighted = _best([r for r in runs if r.weighted])
     if weighted is not None:
-        report.say(f"  branch weights at test time: {weighted.name}")
-        report.tables.append(ablation_table(weighted, random_seeds))
         report.draw(
             f"Cross-attention of each branch, {weighted.name}",
             attention_figure(weighted, sentence, report.out),

@@ -1,0 +1,136 @@
+"""Paper Table 3 over every Weighted Transformer analyzed, and over each model's seeds: the test
+BLEU of the weights a run was scored with (its ``scores.json``: the best dev BLEU's, or the
+mean of its last N checkpoints as a grid scores), with κ, α as learned, uniform (1/M) and
+random (seeds 1…N).
+
+Each decoding is kept in the run's ``eval/`` (``scoring.score_run``); a grid keeps them there
+as soon as a run is scored, while its weights exist. Where the weights are gone (a clone of
+committed results) or decoding is not asked for, a run shows the decodings it kept.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from wtnmt.analysis.metrics import mean_sd
+from wtnmt.analysis.tables import Run, Table
+
+
+def learns_branch_weights(run: Run) -> bool:
+    """A Weighted Transformer whose κ, α were trained (``fixed`` holds them at 1/M: uniform
+    is what it has)."""
+    return run.weighted and run.config.get("model", {}).get("branch_weights") != "fixed"
+
+
+def _scored_with(run: Run) -> dict[str, Any]:
+    """The split, beam and weights of the run's test score (the best dev BLEU's weights and
+    the config's beam where it has none)."""
+    test = (run.scores or {}).get("test") or {}
+    return {
+        "split": "test",
+        "beam": test.get("beam"),
+        "weights": test.get("weights", "model.safetensors"),
+    }
+
+
+def _score(run: Run, decode: bool, **how: Any) -> dict[str, Any] | None:
+    """The score ``how`` asks for: decoded (or read back) where ``decode`` and the weights
+    are here, else the one kept in ``eval/``, else None."""
+    from wtnmt.analysis.scoring import score_name, score_run
+
+    if decode and (run.path / how["weights"]).is_file():
+        return score_run(run.path, **how)
+    kept = run.path / "eval" / f"{score_name(**how)}.json"
+    return json.loads(kept.read_text(encoding="utf-8")) if kept.is_file() else None
+
+
+def branch_weights_at_test_time(run: Run, random_seeds: int, decode: bool) -> dict[str, Any]:
+    """One run's row: its learned, uniform and random test BLEU (None where not decoded);
+    ``random`` holds the draws found, by seed."""
+    how = _scored_with(run)
+    test = (run.scores or {}).get("test") or {}
+    learned = test.get("bleu")
+    if learned is None:
+        learned = (_score(run, decode, **how) or {}).get("bleu")
+    uniform = _score(run, decode, branch_weights="uniform", **how)
+    draws = {s: _score(run, decode, branch_weights="random", seed=s, **how) for s in
+             range(1, random_seeds + 1)}  # fmt: skip
+    return {
+        "run": run.name,
+        "weights": how["weights"],
+        "learned": learned,
+        "uniform": None if uniform is None else uniform["bleu"],
+        "random": {s: d["bleu"] for s, d in draws.items() if d is not None},
+    }
+
+
+HEADERS = ("run", "weights", "learned", "uniform", "random", "draws", "uniform − learned",
+           "random − learned")  # fmt: skip
+
+
+def _spread(values: list[float]) -> str | None:
+    if not values:
+        return None
+    mean, sd = mean_sd(values)
+    return f"{mean:.2f}" + (f" ± {sd:.2f}" if len(values) > 1 else "")
+
+
+def _less(value: float | None, learned: float | None) -> float | None:
+    return None if value is None or learned is None else round(value - learned, 2)
+
+
+def table3(runs: list[Run], random_seeds: int, decode: bool) -> Table | None:
+    """Paper Table 3: a row for each run that learned κ, α and a row for each model's mean
+    over its seeds (where two or more have every column); None where no run has any."""
+    rows = [branch_weights_at_test_time(r, random_seeds, decode) for r in runs
+            if learns_branch_weights(r)]  # fmt: skip
+    rows = [r for r in rows if r["uniform"] is not None or r["random"]]
+    if not rows:
+        return None
+    table = Table(
+        "Branch weights at test time (paper Table 3)",
+        [*HEADERS],
+        note=f"test BLEU of the weights each run was scored with, κ and α as learned, "
+        f"replaced by 1/M, or drawn at random (seeds 1–{random_seeds}; mean ± sd over the "
+        "draws found); a model's row: the mean ± sd over its seeds of each run's figure",
+    )
+    groups: dict[str, list[dict[str, Any]]] = {}
+    by_name = {r.name: r for r in runs}
+    for row in rows:
+        randoms = list(row["random"].values())
+        mean_random = sum(randoms) / len(randoms) if randoms else None
+        row["random_mean"] = mean_random
+        table.rows.append(
+            [
+                row["run"],
+                row["weights"],
+                row["learned"],
+                row["uniform"],
+                _spread(randoms),
+                len(randoms),
+                _less(row["uniform"], row["learned"]),
+                _less(mean_random, row["learned"]),
+            ]
+        )
+        groups.setdefault(by_name[row["run"]].group, []).append(row)
+    for name, members in groups.items():
+        whole = [m for m in members if None not in (m["learned"], m["uniform"], m["random_mean"])]
+        if len(whole) < 2 or len(whole) != len(members):
+            continue
+        table.rows.append(
+            [
+                f"{name} ({len(whole)} seeds)",
+                None,
+                _spread([m["learned"] for m in whole]),
+                _spread([m["uniform"] for m in whole]),
+                _spread([m["random_mean"] for m in whole]),
+                sum(len(m["random"]) for m in whole),
+                _spread([m["uniform"] - m["learned"] for m in whole]),
+                _spread([m["random_mean"] - m["learned"] for m in whole]),
+            ]
+        )
+    return table
+
+
+__all__ = ["branch_weights_at_test_time", "learns_branch_weights", "table3"]
