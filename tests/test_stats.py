@@ -93,14 +93,15 @@ def test_the_seeds_table_tests_each_model_against_the_first(tmp_path):
 def test_the_seeds_table_tests_best_dev_bleu_and_moses_bleu_too(tmp_path):
     runs = []
     for model, devs in (
-        ("transformer", [[20.0, 35.0], [21.0, 36.0]]),
-        ("weighted", [[30.0, 33.0], [31.0, 32.5]]),
+        ("transformer", [[20.0, 35.0, 34.8], [21.0, 36.0, 35.9]]),
+        ("weighted", [[33.0, 32.0, 30.0], [31.9, 32.5, 31.0]]),
     ):
         for seed, dev in enumerate(devs, 1):
             run = _run(tmp_path, f"{model}-s{seed}", 40.0 + seed)
+            losses = [4.0, 2.5 + seed / 10 + (model == "weighted"), 3.9]
             lines = [
-                {"step": 100 * (i + 1), "valid_loss": 3.0, "valid_bleu": b}
-                for i, b in enumerate(dev)
+                {"step": 100 * (i + 1), "valid_loss": loss, "valid_bleu": b}
+                for i, (b, loss) in enumerate(zip(dev, losses, strict=True))
             ]
             (run.path / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
             run.scores["test"]["bleu_moses"] = 41.0 + seed + (model == "weighted")
@@ -111,6 +112,11 @@ def test_the_seeds_table_tests_best_dev_bleu_and_moses_bleu_too(tmp_path):
     # each run's best dev BLEU, not its last or its first: 35, 36 against 33, 32.5
     t, df, p = welch_t([33.0, 32.5], [35.0, 36.0])
     assert rows["best dev BLEU"][3:7] == [-2.75, round(t, 2), round(df, 1), round(p, 4)]
+    # the lowest dev loss, wherever it fell: 2.6, 2.7 against 3.6, 3.7 (by hand)
+    assert rows["lowest dev loss"][3] == 1.0
+    # the first validation within 0.5 of the run's own best: 200, 200 against 100, 200
+    t, df, p = welch_t([100.0, 200.0], [200.0, 200.0])
+    assert rows["steps to best − 0.5"][3:7] == [-50.0, round(t, 2), round(df, 1), round(p, 4)]
     assert rows["test BLEU Moses"][3] == 1.0
     assert rows["test BLEU"][3] == 0.0
 

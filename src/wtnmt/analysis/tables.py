@@ -234,26 +234,36 @@ def groups_table(runs: list[Run]) -> Table:
 
 
 # compared across seeds: the test scores (sacreBLEU, lowercased, the literature's lowercased
-# Moses-token BLEU where scores.json has it, chrF) and the best greedy dev BLEU logged
+# Moses-token BLEU where scores.json has it, chrF), the best greedy dev BLEU and the lowest dev
+# loss logged, and when each run reached its own plateau (where it ends against how soon)
 _TESTED_SCORES = (
     ("bleu", "test BLEU"),
     ("bleu_lc", "test BLEU lc"),
     ("bleu_moses", "test BLEU Moses"),
     ("chrf", "chrF"),
     ("best_dev_bleu", "best dev BLEU"),
+    ("lowest_dev_loss", "lowest dev loss"),
+    ("steps_near_best", "steps to best − 0.5"),
 )
 
 
 def _seed_score(run: Run, key: str) -> float | None:
     if key == "best_dev_bleu":
         return (run.metrics.best_valid or {}).get("valid_bleu")
+    if key == "lowest_dev_loss":
+        losses = [v["valid_loss"] for v in run.metrics.valid if "valid_loss" in v]
+        return min(losses) if losses else None
+    if key == "steps_near_best":
+        step = run.metrics.steps_near_best()
+        return None if step is None else float(step)
     return run.test(key)
 
 
 def seeds_test_table(runs: list[Run]) -> Table | None:
-    """Each model against the first, over their seeds' test scores and best dev BLEU (greedy,
-    as logged): the difference of the means, Welch's t-test and the exact permutation test
-    (None with fewer than two seeds a side: one seed has no spread to test against)."""
+    """Each model against the first, over their seeds' test scores, best dev BLEU (greedy, as
+    logged), lowest dev loss and steps to within 0.5 dev BLEU of their own best: the
+    difference of the means, Welch's t-test and the exact permutation test (None with fewer
+    than two seeds a side: one seed has no spread to test against)."""
     from wtnmt.analysis.stats import permutation_test, welch_t
 
     groups: dict[str, list[Run]] = {}
