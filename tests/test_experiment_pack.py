@@ -102,3 +102,42 @@ def test_time_boxed_calls_pause_resume_finish_and_pack(tmp_path, capsys, monkeyp
         assert packed[os.path.relpath(run / name)] == (run / name).read_bytes()
     assert main(["experiment", str(path), "--stop-after", "0"]) == 2
     assert "--stop-after 0: must be more than 0 seconds" in capsys.readouterr().err
+
+
+def test_a_run_scoring_when_the_time_is_up_is_left_to_finish(tmp_path):
+    """Its weights may not outlast the call (a GPU lent by the call): a run past training,
+    scoring them, is not stopped by --stop-after; one still training (or starting) is."""
+    from wtnmt.experiment import plan_task, run_grid
+    from wtnmt.train import Trainer
+
+    grid = load_grid(write_grid(tmp_path, analyze=False))
+    trained, training = grid.runs
+    Trainer(trained.config(), trained.run_dir, log_to_stderr=False).run()
+    assert plan_task(trained, grid).what == "score"
+    said: list[str] = []
+    assert run_grid(grid, say=said.append, stop_after=0.5) == {
+        "weighted-s1": "finished",
+        "weighted-s2": "paused",
+    }
+    assert any("left to finish scoring: weighted-s1" in line for line in said), said
+    assert (trained.run_dir / "scores.json").is_file() and plan_task(trained, grid) is None
+    assert not (training.run_dir / "finished.json").exists()
+
+
+def test_a_run_is_scoring_once_it_has_written_finished_json_since_its_launch(tmp_path):
+    import time
+
+    from wtnmt.experiment.plan import Task
+    from wtnmt.experiment.runner import _scoring
+
+    spec = load_grid(write_grid(tmp_path)).runs[0]
+    spec.run_dir.mkdir(parents=True)
+    marker = spec.run_dir / "finished.json"
+    marker.write_text("{}")  # an earlier finish, on another budget: resumed, training again
+    os.utime(marker, (time.time() - 60, time.time() - 60))
+    resume = Task(spec, train=True, resume=True, evaluate=True)
+    launched = time.time()
+    assert not _scoring(resume, launched)
+    marker.write_text("{}")  # written by this process: its training is over
+    assert _scoring(resume, launched)
+    assert _scoring(Task(spec, train=False, resume=False, evaluate=True), launched)

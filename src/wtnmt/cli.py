@@ -318,7 +318,8 @@ def _add_experiment(commands: argparse._SubParsersAction) -> None:
         type=float,
         metavar="SECONDS",
         help="after SECONDS, pause the runs still training at a checkpoint and start no "
-        "other (a job with a time limit); the next call goes on",
+        "other (a job with a time limit); runs scoring the weights they trained are left to "
+        "finish; the next call goes on",
     )
     p.add_argument(
         "--work-dir",

@@ -20,7 +20,7 @@ from typing import Any
 from wtnmt.config import config_to_dict
 from wtnmt.experiment.grid import Grid, RunSpec
 from wtnmt.experiment.pack import copy_results
-from wtnmt.experiment.plan import Task, plan_task
+from wtnmt.experiment.plan import FINISHED, Task, plan_task
 from wtnmt.experiment.progress import Budget, Sightings, progress_line
 from wtnmt.runtime import EMULATED_BF16_WARNING, bf16_emulated
 
@@ -173,6 +173,38 @@ def _stop(running: dict[str, Any]) -> None:
         proc.wait()
 
 
+def _scoring(task: Task, launched: float) -> bool:
+    """Whether the run's process is past training, scoring its weights: a task that only
+    scores, or one whose run has written ``finished.json`` since it was launched."""
+    marker = task.spec.run_dir / FINISHED
+    return not task.train or (marker.is_file() and marker.stat().st_mtime >= launched)
+
+
+def _stop_training(  # type: ignore[no-untyped-def]
+    grid: Grid,
+    pending: list[Task],
+    running: dict[str, Any],
+    launched: dict[str, float],
+    outcome: dict[str, str],
+    say,
+) -> None:
+    """--stop-after's time has come: the runs still training are paused at a checkpoint and
+    dropped from ``running``, the waiting ones not started; the runs scoring the weights they
+    trained are left to finish (a minute or so: their weights may not outlast the call)."""
+    scoring = [n for n, (task, _) in running.items() if _scoring(task, launched[n])]
+    training = {n: running.pop(n) for n in list(running) if n not in scoring}
+    _stop(training)
+    for name in [*training, *(t.spec.name for t in pending)]:
+        outcome[name] = "paused"
+    left = f"; left to finish scoring: {', '.join(scoring)}" if scoring else ""
+    say(
+        f"[{time.strftime('%H:%M:%S')}] stopped as asked (--stop-after): "
+        f"{len(training)} run(s) paused at a checkpoint, {len(pending)} not started{left}; "
+        f"run `{grid.again}` again to go on"
+    )
+    pending.clear()
+
+
 def _run_tasks(  # type: ignore[no-untyped-def]
     grid: Grid,
     tasks: list[Task],
@@ -184,23 +216,17 @@ def _run_tasks(  # type: ignore[no-untyped-def]
 ) -> dict[str, str]:
     pending, running = list(tasks), {}
     started: dict[str, float] = {}
+    launched: dict[str, float] = {}  # wall-clock, to compare with a file's mtime
     budgets: dict[str, Budget] = {}
     seen: Sightings = {}  # each run's first and latest (time, step) in a progress line
     shown = time.perf_counter()
     try:
         while pending or running:
             if deadline is not None and time.perf_counter() >= deadline:
-                _stop(running)
-                for name in running:
-                    outcome[name] = "paused"
-                for task in pending:
-                    outcome[task.spec.name] = "paused"
-                say(
-                    f"[{time.strftime('%H:%M:%S')}] stopped as asked (--stop-after): "
-                    f"{len(running)} run(s) paused at a checkpoint, {len(pending)} not started; "
-                    f"run `{grid.again}` again to go on"
-                )
-                return outcome
+                _stop_training(grid, pending, running, launched, outcome, say)
+                deadline = None  # once; what is scoring goes on below
+                if not running:
+                    return outcome
             if running and time.perf_counter() - shown >= progress_every:
                 shown = time.perf_counter()
                 progress = ", ".join(
@@ -210,6 +236,7 @@ def _run_tasks(  # type: ignore[no-untyped-def]
                 say(f"[{time.strftime('%H:%M:%S')}] {progress}; {len(pending)} waiting")
             while pending and len(running) < grid.parallel:
                 task = pending.pop(0)
+                launched[task.spec.name] = time.time()
                 running[task.spec.name] = (task, _launch(task, grid))
                 started[task.spec.name] = time.perf_counter()
                 budgets[task.spec.name] = Budget.of(task.spec)
