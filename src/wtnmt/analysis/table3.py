@@ -45,7 +45,7 @@ def _score(run: Run, decode: bool, **how: Any) -> dict[str, Any] | None:
     return json.loads(kept.read_text(encoding="utf-8")) if kept.is_file() else None
 
 
-def branch_weights_at_test_time(run: Run, random_seeds: int, decode: bool) -> dict[str, Any]:
+def table3_row(run: Run, random_seeds: int, decode: bool) -> dict[str, Any]:
     """One run's row: its learned, uniform and random test BLEU (None where not decoded);
     ``random`` holds the draws found, by seed."""
     how = _scored_with(run)
@@ -83,7 +83,7 @@ def _less(value: float | None, learned: float | None) -> float | None:
 def table3(runs: list[Run], random_seeds: int, decode: bool) -> Table | None:
     """Paper Table 3: a row for each run that learned κ, α and a row for each model's mean
     over its seeds (where two or more have every column); None where no run has any."""
-    rows = [branch_weights_at_test_time(r, random_seeds, decode) for r in runs
+    rows = [table3_row(r, random_seeds, decode) for r in runs
             if learns_branch_weights(r)]  # fmt: skip
     rows = [r for r in rows if r["uniform"] is not None or r["random"]]
     if not rows:
@@ -133,4 +133,4 @@ def table3(runs: list[Run], random_seeds: int, decode: bool) -> Table | None:
     return table
 
 
-__all__ = ["branch_weights_at_test_time", "learns_branch_weights", "table3"]
+__all__ = ["learns_branch_weights", "table3", "table3_row"]
