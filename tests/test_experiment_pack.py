@@ -3,6 +3,7 @@ of bounded size (`--pack`): the planning and the packing, on the CPU with tiny r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tarfile
@@ -112,6 +113,12 @@ def test_a_run_scoring_when_the_time_is_up_is_left_to_finish(tmp_path):
 
     grid = load_grid(write_grid(tmp_path, analyze=False))
     trained, training = grid.runs
+    # a budget the other cannot reach: with the grid's 6 updates, a fast machine finished
+    # training it within the second before the stop, which then came while it scored
+    training = dataclasses.replace(
+        training, overrides=(*training.overrides, "train.max_steps=1000000")
+    )
+    grid = dataclasses.replace(grid, runs=(trained, training))
     Trainer(trained.config(), trained.run_dir, log_to_stderr=False).run()
     assert plan_task(trained, grid).what == "score"
     said: list[str] = []
