@@ -394,7 +394,7 @@ def test_evaluate_reproduces_sacrebleu_on_the_same_files(run_dir, tmp_path):
     )
     assert scores["bleu"] == pytest.approx(float(theirs.stdout.strip()), abs=0.01)
     assert set(scores) >= {"bleu", "chrf", "signature", "n_sentences"}
-    assert scores["n_sentences"] == 30
+    assert scores["n_sentences"] == 30 and scores["beam"] == 2  # what was scored says how
 
 
 def test_evaluate_with_replaced_branch_weights_and_compare(run_dir, tmp_path):

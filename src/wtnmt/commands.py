@@ -291,6 +291,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     hyps = translator.translate(src, beam=args.beam)
     scores = score_corpus(hyps, refs)
     scores["source"] = source  # what was scored: a corpus split, or the two files
+    scores["beam"] = beam  # and how it was decoded
     scores["branch_weights"] = args.branch_weights
     scores["seed"] = args.seed if args.branch_weights == "random" else None
     scores["quantize"] = args.quantize
