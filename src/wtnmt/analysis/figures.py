@@ -42,10 +42,11 @@ def plot_branch_weights(
 ) -> Path | None:
     """κ and α of every branched layer over training steps (paper Fig. 3), mean-filtered over
     ``window`` logged points, the freeze window shaded. One row per layer, κ left, α right,
-    one line per branch. None when the run logged no branch weights (a Transformer)."""
+    one line per branch. None when the run logged no branch weights (a Transformer) or they
+    never moved (κ, α fixed at 1/M: flat lines say nothing a table would not)."""
     run = metrics if isinstance(metrics, RunMetrics) else RunMetrics.from_file(metrics)
     entries = [e for e in run.train if e.get("branch_weights")]
-    if not entries:
+    if all(e["branch_weights"] == entries[0]["branch_weights"] for e in entries[1:]):
         return None
     plt = _pyplot()
     steps = [e["step"] for e in entries]
