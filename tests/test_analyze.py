@@ -395,6 +395,12 @@ def test_report_cells_give_one_form_a_column():
         "0.78",
     ]
     assert _cell(None) == "–" and _cell(7000) == "7000"
+    assert [_cell(0.00042), _cell(-0.0031), _cell(0.0), _cell(0.005)] == [
+        "0.0004",
+        "-0.003",
+        "0.00",
+        "0.01",
+    ]
 
 
 def test_the_runs_table_says_which_weights_its_test_scores_are_of(runs, tmp_path):

@@ -87,6 +87,10 @@ def test_the_seeds_table_tests_each_model_against_the_first(tmp_path):
     assert bleu[:4] == ["weighted", "transformer", "test BLEU", 3.0]
     assert bleu[4:7] == [round(t, 2), round(df, 1), round(p, 4)]
     assert bleu[7] == pytest.approx(0.1)
+    assert bleu[8] == 20  # the splits of 3 + 3 seeds its p counts
+    three_two = seeds_test_table(runs[:5])  # a run lost: 3 + 2 seeds, 10 splits
+    assert three_two is not None and three_two.rows[0][8] == 10
+    assert three_two.rows[0][7] == pytest.approx(permutation_test([32.0, 33.0], [30.0, 31.0, 29.0]))
     assert seeds_test_table(runs[:1] + runs[3:4]) is None  # one seed a side: nothing to test
 
 

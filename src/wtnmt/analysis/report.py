@@ -329,6 +329,8 @@ def _cell(value: Any) -> str:
     if value is None:
         return "–"
     if isinstance(value, float):  # scores and ratios to 2 decimals; counts, ms and seconds whole
+        if 0 < abs(value) < 0.005:  # a p of 0.0004 is not 0.00: one significant digit
+            return f"{value:.1g}"
         return f"{value:.2f}" if abs(value) < 100 else f"{value:,.0f}"
     return str(value)
 

@@ -4,6 +4,7 @@ report renders to Markdown and HTML and keeps in ``analysis.json``."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -272,9 +273,13 @@ def seeds_test_table(runs: list[Run]) -> Table | None:
     names = list(groups)
     table = Table(
         "Across seeds: each model against the first",
-        ["model", "against", "score", "difference", "t", "df", "p (Welch)", "p (permutation)"],
+        [
+            *("model", "against", "score", "difference", "t", "df"),
+            *("p (Welch)", "p (permutation)", "splits"),
+        ],
         note="two-sided; the permutation test is exact over every split of the pooled seeds "
-        "(3+3 seeds: 20 splits, so its p cannot go below 0.1)",
+        "(up to 20,000 of them), so its p cannot go below 1/splits, nor below 2/splits with as "
+        "many seeds a side (0.1 at 3 + 3)",
     )
     for name in names[1:]:
         for key, label in _TESTED_SCORES:
@@ -293,6 +298,7 @@ def seeds_test_table(runs: list[Run]) -> Table | None:
                     round(df, 1),
                     round(p, 4),
                     round(permutation_test(a, b), 4),  # type: ignore[arg-type]
+                    math.comb(len(a) + len(b), len(a)),
                 ]
             )
     return table if table.rows else None
