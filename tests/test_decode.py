@@ -385,7 +385,7 @@ def test_evaluate_reproduces_sacrebleu_on_the_same_files(run_dir, tmp_path):
     assert cli(["evaluate", str(run_dir), "--src", str(src), "--ref", str(ref), "--beam", "2"]) == 0
 
     scores = json.loads((run_dir / "scores.json").read_text())
-    hyp = run_dir / "eval" / "src.hyp"
+    hyp = run_dir / "eval" / "src.beam2.hyp"  # not the run's beam (4): named apart
     theirs = subprocess.run(
         [sys.executable, "-m", "sacrebleu", str(ref), "-i", str(hyp), "-b"],
         capture_output=True,
@@ -393,8 +393,14 @@ def test_evaluate_reproduces_sacrebleu_on_the_same_files(run_dir, tmp_path):
         check=True,
     )
     assert scores["bleu"] == pytest.approx(float(theirs.stdout.strip()), abs=0.01)
+    theirs_hyp = hyp.read_text()
     assert set(scores) >= {"bleu", "chrf", "signature", "n_sentences"}
     assert scores["n_sentences"] == 30 and scores["beam"] == 2  # what was scored says how
+    # the run's own beam next: its files beside beam 2's, not over them
+    assert cli(["evaluate", str(run_dir), "--src", str(src), "--ref", str(ref)]) == 0
+    assert json.loads((run_dir / "eval" / "src.scores.json").read_text())["beam"] == 4
+    assert json.loads((run_dir / "eval" / "src.beam2.scores.json").read_text())["beam"] == 2
+    assert hyp.read_text() == theirs_hyp
 
 
 def test_evaluate_with_replaced_branch_weights_and_compare(run_dir, tmp_path):

@@ -57,7 +57,7 @@ def test_lenpen_options_reach_the_search_and_are_recorded(tmp_path, capsys):
     src.write_text("alpha beta\ngamma delta\n")
     args = ["evaluate", str(run_dir), "--src", str(src), "--ref", str(src), "--beam", "2"]
     assert cli([*args, "--lenpen", "0"]) == 0
-    scores = json.loads((run_dir / "eval" / "src.lenpen0-gnmt.scores.json").read_text())
+    scores = json.loads((run_dir / "eval" / "src.lenpen0-gnmt.beam2.scores.json").read_text())
     assert scores["length_penalty"] == {"alpha": 0.0, "form": "gnmt"}
     assert cli([*args, "--lenpen-form", "fairseq"]) == 0
     scores = json.loads((run_dir / "scores.json").read_text())
@@ -80,8 +80,8 @@ def test_evaluate_decodes_with_the_weights_named(tmp_path, capsys):
     assert cli(args) == 0
     shutil.copy(run_dir / "model.safetensors", run_dir / "copy.safetensors")
     assert cli([*args, "--weights", "copy.safetensors"]) == 0
-    same = (run_dir / "eval" / "src.copy.hyp").read_text()
-    assert same == (run_dir / "eval" / "src.hyp").read_text()
+    same = (run_dir / "eval" / "src.copy.beam2.hyp").read_text()
+    assert same == (run_dir / "eval" / "src.beam2.hyp").read_text()
     assert json.loads((run_dir / "scores.json").read_text())["weights"] == "copy.safetensors"
     capsys.readouterr()
     assert cli([*args, "--weights", "../model.safetensors"]) == 2

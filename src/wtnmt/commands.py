@@ -287,6 +287,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         d = translator.config.decode
         name += f".lenpen{d.length_penalty:g}-{d.length_penalty_form}"
     beam = args.beam or translator.config.decode.beam
+    if beam != translator.config.decode.beam:  # --beam 2, then the run's beam: two files
+        name += f".beam{beam}"
     print(f"translating {len(src):,} sentences with beam {beam}", file=sys.stderr)
     hyps = translator.translate(src, beam=args.beam)
     scores = score_corpus(hyps, refs)
