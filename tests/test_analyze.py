@@ -334,7 +334,8 @@ def test_cached_scores_are_recomputed_for_new_weights(runs):
 
     run = runs[1]
     first = score_run(run)
-    cache = run / "eval" / "test.beamdefault.json"
+    cache = run / "eval" / "test.beam4.json"  # named by the run's own beam, none being asked
+    assert first["beam"] == 4 and first["hypotheses"] == "eval/test.beam4.hyp"
     kept = json.loads(cache.read_text())
     assert kept["weights_sha256"] is not None
     cache.write_text(json.dumps({**kept, "bleu": -1.0}))
@@ -350,7 +351,7 @@ def test_a_score_kept_from_before_moses_bleu_gets_it_from_its_hypotheses(runs, t
 
     clone = tmp_path / runs[1].name  # committed results: no weights to decode with
     shutil.copytree(runs[1], clone, ignore=shutil.ignore_patterns("*.safetensors", "checkpoints"))
-    cache = clone / "eval" / "test.beamdefault.json"
+    cache = clone / "eval" / "test.beam4.json"
     kept = json.loads(cache.read_text())
     old = {k: v for k, v in kept.items() if not k.startswith("bleu_moses")}
     cache.write_text(json.dumps(old))
@@ -358,6 +359,23 @@ def test_a_score_kept_from_before_moses_bleu_gets_it_from_its_hypotheses(runs, t
     hyps, refs = read_hypotheses(clone, old), split_pairs(clone, "test")[1]
     assert got == {**old, **moses_bleu(hyps, refs, "yy")} == json.loads(cache.read_text())
     assert got["bleu_moses"] == kept["bleu_moses"]
+
+
+def test_scores_kept_under_the_name_without_a_beam_are_found_by_the_beam(runs, tmp_path):
+    """Scores kept before names carried the run's own beam (``test.beamdefault``, the
+    committed grids') answer for that beam, asked or not; another beam's do not."""
+    import shutil
+
+    from wtnmt.analysis.scoring import has_score, kept_score, score_run
+
+    first = score_run(runs[1])
+    clone = tmp_path / runs[1].name  # committed results: no weights to decode with
+    shutil.copytree(runs[1], clone, ignore=shutil.ignore_patterns("*.safetensors", "checkpoints"))
+    (clone / "eval" / "test.beam4.json").rename(clone / "eval" / "test.beamdefault.json")
+    assert kept_score(clone).name == kept_score(clone, beam=4).name == "test.beamdefault.json"
+    assert score_run(clone, beam=4) == score_run(clone) == first
+    assert has_score(clone) and not has_score(clone, beam=2)
+    assert kept_score(clone, beam=2).name == "test.beam2.json"
 
 
 def test_a_clone_without_weights_reports_the_same_numbers(runs, tmp_path):

@@ -83,11 +83,27 @@ def score_name(
     return f"{stem}{split}.beam{beam or 'default'}"
 
 
+def kept_score(run_dir: Path, **how: Any) -> Path:
+    """The file in the run's ``eval/`` that keeps (or will keep) the score ``how`` asks for
+    (``score_name``'s arguments), named by the beam it decodes with: the run's own where
+    ``how`` names none. One kept under the name such a score had before (``beamdefault``) is
+    found too."""
+    from wtnmt.config import load_config
+
+    how = {"split": "test", "weights": "model.safetensors", **how}
+    own = load_config(run_dir / "config.yaml").decode.beam
+    beam = how.get("beam") or own
+    path = run_dir / "eval" / f"{score_name(**{**how, 'beam': beam})}.json"
+    if not path.is_file() and beam == own:
+        before = run_dir / "eval" / f"{score_name(**{**how, 'beam': None})}.json"
+        return before if before.is_file() else path
+    return path
+
+
 def has_score(run_dir: Path, **how: Any) -> bool:
     """Whether ``score_run(run_dir, **how)`` can answer: its weights or its kept result."""
     weights = how.get("weights", "model.safetensors")
-    name = score_name(split=how.get("split", "test"), beam=how.get("beam"), weights=weights)
-    return (run_dir / weights).is_file() or (run_dir / "eval" / f"{name}.json").is_file()
+    return (run_dir / weights).is_file() or kept_score(run_dir, **how).is_file()
 
 
 def score_run(
@@ -108,9 +124,10 @@ def score_run(
     from wtnmt.model import branch_weights_overridden
 
     run_dir = Path(run_dir)
-    name = score_name(
-        split=split, beam=beam, weights=weights, branch_weights=branch_weights, seed=seed
+    path = kept_score(
+        run_dir, split=split, beam=beam, weights=weights, branch_weights=branch_weights, seed=seed
     )
+    name = path.name.removesuffix(".json")
 
     def compute() -> dict[str, Any]:
         translator = Translator.load(run_dir, weights=weights)
@@ -136,7 +153,6 @@ def score_run(
             "decode_seconds": round(seconds, 1),
         }
 
-    path = run_dir / "eval" / f"{name}.json"
     result = _cached(path, run_dir / weights, compute)
     if "bleu_moses" not in result and (run_dir / result["hypotheses"]).is_file():
         # kept from before this score existed: its hypotheses are scored again, not decoded
@@ -198,6 +214,7 @@ __all__ = [
     "bootstrap",
     "branch_weight_ablation",
     "has_score",
+    "kept_score",
     "lowercased_bleu",
     "moses_bleu",
     "read_hypotheses",

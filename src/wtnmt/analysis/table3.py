@@ -37,11 +37,11 @@ def _scored_with(run: Run) -> dict[str, Any]:
 def _score(run: Run, decode: bool, **how: Any) -> dict[str, Any] | None:
     """The score ``how`` asks for: decoded (or read back) where ``decode`` and the weights
     are here, else the one kept in ``eval/``, else None."""
-    from wtnmt.analysis.scoring import score_name, score_run
+    from wtnmt.analysis.scoring import kept_score, score_run
 
     if decode and (run.path / how["weights"]).is_file():
         return score_run(run.path, **how)
-    kept = run.path / "eval" / f"{score_name(**how)}.json"
+    kept = kept_score(run.path, **how)
     return json.loads(kept.read_text(encoding="utf-8")) if kept.is_file() else None
 
 
