@@ -124,6 +124,10 @@ def test_paths_through_a_file_are_one_line(run_dir, tmp_path, capsys):
     one_line(capsys, "prepare", "FILE is a file, not a directory")
     assert cli(["analyze", str(run_dir), "--out", blocked, "--no-decode"]) == 2
     one_line(capsys, "analyze", "FILE is a file, not a directory")
+    report = tmp_path / "report"
+    assert cli(["analyze", str(run_dir), "--out", str(report), "--pair", "a:b"]) == 2
+    one_line(capsys, "analyze", "--pair a:b: no model 'a' (models: ")
+    assert not report.exists()  # refused before anything was written
     assert cli(["train", "weighted-tiny", "--out", blocked]) == 2
     one_line(capsys, "train", "FILE is a file, not a directory")
 
@@ -213,6 +217,9 @@ def write_grid(tmp: Path, **changes) -> Path:  # type: ignore[no-untyped-def]
         ({"analyze": {"decode": "yes"}}, "analyze.decode: expected true or false"),
         ({"out": None}, "out: expected a directory path, got None"),
         ({"analyze": {"out": 3}}, "analyze.out: expected a directory path, got 3"),
+        ({"analyze": {"pairs": "w:v"}}, "analyze.pairs: expected a list of MODEL:BASELINE"),
+        ({"analyze": {"pairs": ["w"]}}, "analyze.pairs: 'w': expected MODEL:BASELINE"),
+        ({"analyze": {"pairs": ["w:v"]}}, "analyze.pairs: w:v: no model 'v' (models: w)"),
     ],
 )
 def test_grid_values_are_checked_before_anything_trains(tmp_path, changes, message):

@@ -94,6 +94,25 @@ def test_the_seeds_table_tests_each_model_against_the_first(tmp_path):
     assert seeds_test_table(runs[:1] + runs[3:4]) is None  # one seed a side: nothing to test
 
 
+def test_the_seeds_table_tests_the_pairs_asked_too(tmp_path):
+    runs = [_run(tmp_path, f"transformer-s{i}", b) for i, b in enumerate([30.0, 31.0, 29.0])]
+    runs += [_run(tmp_path, f"weighted-s{i}", b) for i, b in enumerate([32.0, 33.0, 34.0])]
+    runs += [_run(tmp_path, f"weighted-fixed-s{i}", b) for i, b in enumerate([33.5, 34.5])]
+    pairs = [("weighted-fixed", "weighted"), ("weighted", "transformer")]  # the second: given
+    table = seeds_test_table(runs, pairs)
+    assert table is not None and table.title.endswith(", and the pairs asked")
+    tested = [(row[0], row[1]) for row in table.rows if row[2] == "test BLEU"]
+    assert tested == [
+        ("weighted", "transformer"),
+        ("weighted-fixed", "transformer"),
+        ("weighted-fixed", "weighted"),
+    ]
+    fixed = next(r for r in table.rows if r[:3] == ["weighted-fixed", "weighted", "test BLEU"])
+    t, df, p = welch_t([33.5, 34.5], [32.0, 33.0, 34.0])
+    assert fixed[3:9] == [1.0, round(t, 2), round(df, 1), round(p, 4), fixed[7], 10]
+    assert fixed[7] == pytest.approx(permutation_test([33.5, 34.5], [32.0, 33.0, 34.0]))
+
+
 def test_the_seeds_table_tests_best_dev_bleu_and_moses_bleu_too(tmp_path):
     runs = []
     for model, devs in (

@@ -292,6 +292,14 @@ def _add_analyze(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="only what metrics and scores hold: no Table 3, attention, equal-step scores",
     )
+    p.add_argument(
+        "--pair",
+        action="append",
+        default=[],
+        metavar="MODEL:BASELINE",
+        help="also test MODEL against BASELINE across seeds (a model: its runs' name without "
+        "-sN, e.g. weighted-fixed:weighted; repeatable)",
+    )
     p.set_defaults(func=cmd_analyze)
 
 

@@ -376,6 +376,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         random_seeds=args.random_seeds,
         sentence=args.sentence,
         decode=not args.no_decode,
+        pairs=args.pair,
         say=lambda m: print(m, file=sys.stderr),
     )
     return 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from wtnmt.analysis.tables import (
     Run,
     Table,
     groups_table,
+    model_pairs,
     runs_table,
     seeds_test_table,
     steps_to_bleu_table,
@@ -224,20 +225,24 @@ def analyze(
     random_seeds: int = 3,
     sentence: int = 0,
     decode: bool = True,
+    pairs: Sequence[str] = (),
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """The papers' figures and tables of ``run_dirs`` (the first run is the reference) into
-    the report directory ``out``; ``decode`` also measures what needs the weights."""
+    the report directory ``out``; ``decode`` also measures what needs the weights; ``pairs``
+    (``MODEL:BASELINE``) are tested across seeds beside each model against the first's."""
     out = Path(out)
     check_report_directory(out)
     runs = with_unique_names([Run.load(p) for p in run_dirs])
+    models = list(dict.fromkeys(r.group for r in runs))
+    tested = model_pairs(list(pairs), models, "--pair")
     out.mkdir(parents=True, exist_ok=True)
     (out / REPORT_MARK).write_text("written by wtnmt analyze\n", encoding="utf-8")
     report = _Report(out, say)
     say(f"analyzing {len(runs)} run{'s' * (len(runs) != 1)} → {out}")
     _draw_curves(report, runs, window)
     report.tables += [runs_table(runs), groups_table(runs)]
-    across_seeds = seeds_test_table(runs)
+    across_seeds = seeds_test_table(runs, tested)
     if across_seeds is not None:
         report.tables.append(across_seeds)
     first_best = runs[0].metrics.best_valid if runs else None

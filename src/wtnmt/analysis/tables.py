@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -260,19 +261,39 @@ def _seed_score(run: Run, key: str) -> float | None:
     return run.test(key)
 
 
-def seeds_test_table(runs: list[Run]) -> Table | None:
-    """Each model against the first, over their seeds' test scores, best dev BLEU (greedy, as
-    logged), lowest dev loss and steps to within 0.5 dev BLEU of their own best: the
-    difference of the means, Welch's t-test and the exact permutation test (None with fewer
-    than two seeds a side: one seed has no spread to test against)."""
+def model_pairs(pairs: list[str], models: list[str], what: str) -> list[tuple[str, str]]:
+    """``MODEL:BASELINE`` strings as pairs of the models named (a model is a run's name
+    without its seed); a ConfigError naming ``what`` for any other."""
+    from wtnmt.config import ConfigError
+
+    found = []
+    for pair in pairs:
+        parts = pair.split(":") if isinstance(pair, str) else []
+        if len(parts) != 2 or parts[0] == parts[1]:
+            raise ConfigError(f"{what} {pair!r}: expected MODEL:BASELINE, two models' names")
+        for name in parts:
+            if name not in models:
+                raise ConfigError(f"{what} {pair}: no model {name!r} (models: {', '.join(models)})")
+        found.append((parts[0], parts[1]))
+    return found
+
+
+def seeds_test_table(runs: list[Run], pairs: Sequence[tuple[str, str]] = ()) -> Table | None:
+    """Each model against the first, and each of ``pairs`` (model, baseline), over their
+    seeds' test scores, best dev BLEU (greedy, as logged), lowest dev loss and steps to within
+    0.5 dev BLEU of their own best: the difference of the means, Welch's t-test and the exact
+    permutation test (None with fewer than two seeds a side: one seed has no spread to test
+    against)."""
     from wtnmt.analysis.stats import permutation_test, welch_t
 
     groups: dict[str, list[Run]] = {}
     for run in runs:
         groups.setdefault(run.group, []).append(run)
     names = list(groups)
+    compared = [(name, names[0]) for name in names[1:]]
+    compared += [p for p in pairs if p not in compared]
     table = Table(
-        "Across seeds: each model against the first",
+        "Across seeds: each model against the first" + ", and the pairs asked" * bool(pairs),
         [
             *("model", "against", "score", "difference", "t", "df"),
             *("p (Welch)", "p (permutation)", "splits"),
@@ -281,17 +302,17 @@ def seeds_test_table(runs: list[Run]) -> Table | None:
         "(up to 20,000 of them), so its p cannot go below 1/splits, nor below 2/splits with as "
         "many seeds a side (0.1 at 3 + 3)",
     )
-    for name in names[1:]:
+    for name, baseline in compared:
         for key, label in _TESTED_SCORES:
             a = [_seed_score(r, key) for r in groups[name]]
-            b = [_seed_score(r, key) for r in groups[names[0]]]
+            b = [_seed_score(r, key) for r in groups[baseline]]
             if len(a) < 2 or len(b) < 2 or None in a or None in b:
                 continue
             t, df, p = welch_t(a, b)  # type: ignore[arg-type]
             table.rows.append(
                 [
                     name,
-                    names[0],
+                    baseline,
                     label,
                     round(sum(a) / len(a) - sum(b) / len(b), 2),  # type: ignore[arg-type]
                     round(t, 2),

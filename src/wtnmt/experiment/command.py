@@ -72,6 +72,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
                 random_seeds=a.get("random_seeds", 3),
                 sentence=a.get("attention_sentence", 0),
                 decode=a.get("decode", True),
+                pairs=a.get("pairs", []),
                 say=say,
             )
             for spec in grid.runs:  # the report's decodings, cached in each run's eval/

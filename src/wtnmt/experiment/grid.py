@@ -36,7 +36,9 @@ GRID_KEYS = {"out", "base", "budget", "threads", "parallel", "seeds", "evaluate"
 RUN_KEYS = {"name", "preset", "set", "seeds"}
 BUDGET_KEYS = {"max_time", "max_steps"}
 EVALUATE_KEYS = {"split", "beam", "average"}
-ANALYZE_KEYS = {"out", "target_bleu", "smooth", "random_seeds", "attention_sentence", "decode"}
+ANALYZE_KEYS = {
+    *("out", "target_bleu", "smooth", "random_seeds", "attention_sentence", "decode", "pairs"),
+}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 
@@ -132,8 +134,9 @@ def _out_directory(path: Path, key: str, value: Any) -> Path:
     return out
 
 
-def _analyze_options(path: Path, value: Any) -> dict[str, Any]:
-    """The ``analyze:`` mapping, every value checked now (not after hours of training)."""
+def _analyze_options(path: Path, value: Any, models: list[str]) -> dict[str, Any]:
+    """The ``analyze:`` mapping, every value checked now (not after hours of training);
+    ``models``: the grid's runs' names, which ``pairs`` name."""
     options = dict(_mapping(path, "analyze", value, ANALYZE_KEYS))
     if "out" in options:
         options["out"] = str(_out_directory(path, "analyze.out", options["out"]))
@@ -154,6 +157,12 @@ def _analyze_options(path: Path, value: Any) -> dict[str, Any]:
         )
     if not isinstance(options.get("decode", True), bool):
         raise _fail(path, "analyze.decode", f"expected true or false, got {options['decode']!r}")
+    pairs = options.get("pairs", [])
+    if not isinstance(pairs, list):
+        raise _fail(path, "analyze.pairs", f"expected a list of MODEL:BASELINE, got {pairs!r}")
+    from wtnmt.analysis.tables import model_pairs
+
+    model_pairs(pairs, models, f"{path}: analyze.pairs:")
     return options
 
 
@@ -191,8 +200,6 @@ def load_grid(path: str | Path) -> Grid:
         for key in ("beam", "average"):
             if key in evaluate:
                 _positive_int(path, f"evaluate.{key}", evaluate[key])
-    analyze = values.get("analyze", {})
-    analyze = None if analyze is False else _analyze_options(path, analyze or {})
     runs_value = values["runs"]
     if not isinstance(runs_value, list) or not runs_value:
         raise _fail(path, "runs", "expected a non-empty list of runs")
@@ -227,6 +234,9 @@ def load_grid(path: str | Path) -> Grid:
     # seed-major: the runs that go side by side are the models of one seed, so that each
     # model shares the machine with the same company
     specs.sort(key=lambda s: s.seed)
+    analyze = values.get("analyze", {})
+    models = list(dict.fromkeys(s.label for s in specs))
+    analyze = None if analyze is False else _analyze_options(path, analyze or {}, models)
     names = [s.name for s in specs]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
