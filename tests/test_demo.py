@@ -18,7 +18,7 @@ def test_branch_weight_figure_is_drawn_from_metrics(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     rows = []
     for step in (10, 20, 30):
-        weights = {"kappa": [0.1, 0.2, 0.3, 0.4], "alpha": [0.25, 0.25, 0.25 + step / 1e3, 0.25]}
+        weights = {"kappa": [0.1, 0.2, 0.3, 0.4], "alpha": [0.25] * 4}
         rows.append(
             {
                 "step": step,
@@ -37,10 +37,17 @@ def test_branch_weight_figure_is_drawn_from_metrics(tmp_path):
     assert "κ [0.10 0.20 0.30 0.40]" in branch_weight_rows(table)[0]
     metrics.write_text(json.dumps({"step": 1, "loss": 1.0, "branch_weights": {}}) + "\n")
     assert plot_branch_weights(metrics, tmp_path / "none.png") is None  # a Transformer run
-    fixed = [{**r, "branch_weights": rows[0]["branch_weights"]} for r in rows[:3]]
+    uniform = {"kappa": [0.25] * 4, "alpha": [0.25] * 4}
+    fixed = [{**r, "branch_weights": {"decoder_layers.0.cross_attn": uniform}} for r in rows[:3]]
     metrics.write_text("".join(json.dumps(r) + "\n" for r in fixed))
     assert plot_branch_weights(metrics, tmp_path / "fixed.png") is None  # κ, α fixed at 1/M
     assert not (tmp_path / "fixed.png").exists()
+    # learned weights that did not move while logged (frozen, or logged once) are drawn
+    frozen = [{**r, "branch_weights": rows[0]["branch_weights"]} for r in rows[:3]]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in frozen[:1]))
+    assert plot_branch_weights(metrics, tmp_path / "one.png") is not None
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in frozen))
+    assert plot_branch_weights(metrics, tmp_path / "frozen.png") is not None
 
 
 needs_tatoeba = pytest.mark.skipif(

@@ -37,16 +37,26 @@ def frozen_from(run: RunMetrics) -> int | None:
     return None
 
 
+def _uniform(layers: dict[str, dict[str, list[float]]]) -> bool:
+    """Whether every κ and α logged is 1/M (to the logged digits)."""
+    return all(
+        abs(w - 1 / len(weights)) < 1e-6
+        for layer in layers.values()
+        for weights in layer.values()
+        for w in weights
+    )
+
+
 def plot_branch_weights(
     metrics: str | Path | RunMetrics, out_png: str | Path, *, window: int = 1
 ) -> Path | None:
     """κ and α of every branched layer over training steps (paper Fig. 3), mean-filtered over
     ``window`` logged points, the freeze window shaded. One row per layer, κ left, α right,
-    one line per branch. None when the run logged no branch weights (a Transformer) or they
-    never moved (κ, α fixed at 1/M: flat lines say nothing a table would not)."""
+    one line per branch. None when the run logged no branch weights (a Transformer) or only
+    κ = α = 1/M (held fixed: flat lines say nothing a table would not)."""
     run = metrics if isinstance(metrics, RunMetrics) else RunMetrics.from_file(metrics)
     entries = [e for e in run.train if e.get("branch_weights")]
-    if all(e["branch_weights"] == entries[0]["branch_weights"] for e in entries[1:]):
+    if all(_uniform(e["branch_weights"]) for e in entries):
         return None
     plt = _pyplot()
     steps = [e["step"] for e in entries]
