@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from wtnmt import interrupt
 from wtnmt.analysis.metrics import RunMetrics
 from wtnmt.analysis.scoring import branch_weight_ablation, score_run
 from wtnmt.config import load_config
@@ -107,6 +108,12 @@ def main(argv: list[str]) -> int:
         config = load_config(spec["preset"], spec["overrides"])
         state = Trainer(config, run_dir, resume=spec["resume"], log_to_stderr=True).run()
         write_finished(run_dir, asdict(state))
+    # past training, SIGINT stops at once again; one that came since the last update (or,
+    # for a run only scored, while it started) is honoured now
+    asked = interrupt.requested()
+    interrupt.give_back(None)
+    if asked:
+        raise KeyboardInterrupt
     if spec["evaluate"] and not _scored_as_trained(run_dir, spec["evaluate"]):
         scores = {"run": run_dir.name, **training_summary(run_dir), **evaluate(run_dir, spec)}
         split = spec["evaluate"]["split"]

@@ -64,6 +64,12 @@ def job_payload(task: Task, grid: Grid) -> dict[str, Any]:
     }
 
 
+def job_argv(payload: dict[str, Any]) -> list[str]:
+    """The command of a run's process: SIGINT a request to stop from its first instant
+    (``wtnmt.interrupt``), so that one sent while the run still imports is never lost."""
+    return [sys.executable, "-m", "wtnmt.interrupt", "wtnmt.experiment.job", json.dumps(payload)]
+
+
 def _launch(task: Task, grid: Grid) -> subprocess.Popen:
     spec = task.spec
     spec.run_dir.mkdir(parents=True, exist_ok=True)
@@ -75,7 +81,7 @@ def _launch(task: Task, grid: Grid) -> subprocess.Popen:
     log.flush()
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "wtnmt.experiment.job", json.dumps(payload)],
+            job_argv(payload),
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

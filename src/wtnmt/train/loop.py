@@ -49,6 +49,8 @@ class TrainingLoop:
             while reason is None:
                 batches = self._epoch_batches(s.epoch)
                 while reason is None and s.batch_in_epoch < len(batches):
+                    if interrupted.raised:  # asked before this update, or before the first
+                        raise KeyboardInterrupt
                     group = batches[s.batch_in_epoch : s.batch_in_epoch + tc.update_freq]
                     self._step(group, budget, progress)
                     reason = self._stop_reason()

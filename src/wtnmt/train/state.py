@@ -3,7 +3,6 @@ Ctrl-C as a flag, and the setup helpers (device, optimizer)."""
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -11,6 +10,7 @@ from typing import Any
 
 import torch
 
+from wtnmt import interrupt
 from wtnmt.errors import TrainingError
 
 
@@ -59,22 +59,20 @@ class Window:
 class InterruptFlag:
     """Turns the first Ctrl-C into a flag the loop reads between updates, so that the
     checkpoint it saves is never taken halfway through an optimizer step; a second Ctrl-C
-    interrupts at once. Only in the main thread (where Python delivers signals)."""
+    interrupts at once (``wtnmt.interrupt``). Only in the main thread (where Python delivers
+    signals)."""
 
     def __init__(self) -> None:
-        self.raised = False
         self.installed = threading.current_thread() is threading.main_thread()
-        if self.installed:
-            self.previous = signal.signal(signal.SIGINT, self._handle)
+        self.previous = interrupt.take_over()
 
-    def _handle(self, signum, frame) -> None:  # type: ignore[no-untyped-def]
-        if self.raised:
-            raise KeyboardInterrupt
-        self.raised = True
+    @property
+    def raised(self) -> bool:
+        return interrupt.requested()
 
     def restore(self) -> None:
         if self.installed:
-            signal.signal(signal.SIGINT, self.previous or signal.default_int_handler)
+            interrupt.give_back(self.previous)
             self.installed = False
 
 
