@@ -295,8 +295,15 @@ def seeds_test_table(runs: list[Run], pairs: Sequence[tuple[str, str]] = ()) -> 
     table = Table(
         "Across seeds: each model against the first" + ", and the pairs asked" * bool(pairs),
         [
-            *("model", "against", "score", "difference", "t", "df"),
-            *("p (Welch)", "p (permutation)", "splits"),
+            "model",
+            "against",
+            "score",
+            "difference",
+            "t",
+            "df",
+            "p (Welch)",
+            "p (permutation)",
+            "splits",
         ],
         note="two-sided; the permutation test is exact over every split of the pooled seeds "
         "(up to 20,000 of them), so its p cannot go below 1/splits, nor below 2/splits with as "

@@ -37,7 +37,13 @@ RUN_KEYS = {"name", "preset", "set", "seeds"}
 BUDGET_KEYS = {"max_time", "max_steps"}
 EVALUATE_KEYS = {"split", "beam", "average"}
 ANALYZE_KEYS = {
-    *("out", "target_bleu", "smooth", "random_seeds", "attention_sentence", "decode", "pairs"),
+    "out",
+    "target_bleu",
+    "smooth",
+    "random_seeds",
+    "attention_sentence",
+    "decode",
+    "pairs",
 }
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 

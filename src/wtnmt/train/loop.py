@@ -12,12 +12,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from wtnmt import interrupt
 from wtnmt.errors import TrainingError
 from wtnmt.model import project_branch_weights
 from wtnmt.runtime import EMULATED_BF16_WARNING, bf16_emulated
 from wtnmt.train.report import progress_bar
 from wtnmt.train.schedule import CALIBRATION_STEPS, fitted_warmup, refit_due
-from wtnmt.train.state import InterruptFlag, TrainState, Window
+from wtnmt.train.state import TrainState, Window
 
 
 class TrainingLoop:
@@ -44,18 +45,16 @@ class TrainingLoop:
         self._fit_mark: tuple[int, float] | None = None  # (updates, seconds) at the last fit
         budget = self._step_budget()
         reason = self._stop_reason()
-        interrupted = InterruptFlag()  # Ctrl-C stops at the next update boundary
+        sigint = interrupt.take_over()  # Ctrl-C stops before the next update, the first too
         try:
             while reason is None:
                 batches = self._epoch_batches(s.epoch)
                 while reason is None and s.batch_in_epoch < len(batches):
-                    if interrupted.raised:  # asked before this update, or before the first
+                    if interrupt.requested():
                         raise KeyboardInterrupt
                     group = batches[s.batch_in_epoch : s.batch_in_epoch + tc.update_freq]
                     self._step(group, budget, progress)
                     reason = self._stop_reason()
-                    if interrupted.raised:
-                        raise KeyboardInterrupt
                 if s.batch_in_epoch >= len(batches):
                     s.epoch += 1
                     s.batch_in_epoch = 0
@@ -69,7 +68,7 @@ class TrainingLoop:
             )
             raise
         finally:
-            interrupted.restore()
+            interrupt.give_back(sigint)
             if progress is not None:
                 progress.close()
         self._finish(reason)

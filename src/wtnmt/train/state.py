@@ -1,16 +1,14 @@
-"""What a training run carries besides weights and optimizer: its state, the log window,
-Ctrl-C as a flag, and the setup helpers (device, optimizer)."""
+"""What a training run carries besides weights and optimizer: its state, the log window, and
+the setup helpers (device, optimizer). Ctrl-C as a flag is ``wtnmt.interrupt``."""
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from wtnmt import interrupt
 from wtnmt.errors import TrainingError
 
 
@@ -56,26 +54,6 @@ class Window:
         self.updates += 1
 
 
-class InterruptFlag:
-    """Turns the first Ctrl-C into a flag the loop reads between updates, so that the
-    checkpoint it saves is never taken halfway through an optimizer step; a second Ctrl-C
-    interrupts at once (``wtnmt.interrupt``). Only in the main thread (where Python delivers
-    signals)."""
-
-    def __init__(self) -> None:
-        self.installed = threading.current_thread() is threading.main_thread()
-        self.previous = interrupt.take_over()
-
-    @property
-    def raised(self) -> bool:
-        return interrupt.requested()
-
-    def restore(self) -> None:
-        if self.installed:
-            interrupt.give_back(self.previous)
-            self.installed = False
-
-
 def make_adam(groups: list[dict[str, Any]], *, betas: tuple[float, float], eps: float):  # type: ignore[no-untyped-def]
     """Adam, fused where this PyTorch build has the kernel for the device: one pass over
     each parameter instead of a dozen (12 ms instead of 40-60 ms a step for the `small`
@@ -94,4 +72,4 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-__all__ = ["InterruptFlag", "TrainState", "Window", "make_adam", "resolve_device"]
+__all__ = ["TrainState", "Window", "make_adam", "resolve_device"]
