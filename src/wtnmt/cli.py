@@ -7,6 +7,7 @@ import argparse
 import sys
 from typing import NoReturn
 
+from wtnmt import interrupt
 from wtnmt.cli_args import (
     add_engine,
     add_length_penalty,
@@ -371,12 +372,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# the commands whose work begins with torch's import, which can lose a Ctrl-C that comes while
+# it runs (the command then went on as if none had come): held there, raised once it is done
+_IMPORT_TORCH = frozenset(
+    ("train", "translate", "evaluate", "export", "demo", "average", "experiment", "prune")
+)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command in _IMPORT_TORCH:
+        with interrupt.held():
+            import torch  # noqa: F401
+    return args.func(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "evaluate" and not args.corpus and not (args.src and args.ref):
         parser.error("give --corpus NAME [--split SPLIT], or --src FILE and --ref FILE")
-    return run_guarded(args.command, lambda: args.func(args))
+    return run_guarded(args.command, lambda: _run(args))
 
 
 if __name__ == "__main__":

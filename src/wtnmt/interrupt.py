@@ -6,13 +6,16 @@ Free of torch, so that a process can take SIGINT over before its slow imports: a
 (``wtnmt.experiment.job``) is stopped by a SIGINT that may come while it still imports, and
 a KeyboardInterrupt raised inside torch's import can be swallowed there, leaving the run to
 train on past the stop (seen with a signal 0.6 s after start). A request is never lost: it
-is a flag, read by the training loop before each update.
+is a flag, read by the training loop before each update. The command line's commands hold
+SIGINT the same way while they import torch (``held``) and raise it once the import is done.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 _requested = False
@@ -54,7 +57,23 @@ def requested() -> bool:
     return _requested
 
 
-__all__ = ["give_back", "requested", "take_over"]
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """SIGINT held during the block and raised as KeyboardInterrupt when it ends, for an
+    import that can lose it (``wtnmt train`` started and stopped at once trained on where
+    the signal came during torch's import). Where SIGINT is already a request (a grid's
+    run), the request stays for the training loop to read."""
+    previous = take_over()
+    try:
+        yield
+    finally:
+        came = _requested
+        give_back(previous)
+    if came and previous is not _handle:
+        raise KeyboardInterrupt
+
+
+__all__ = ["give_back", "held", "requested", "take_over"]
 
 
 if __name__ == "__main__":
