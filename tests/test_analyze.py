@@ -128,17 +128,18 @@ def test_analyze_draws_every_figure_and_the_numbers_are_the_recorded_ones(runs, 
         config = yaml.safe_load((run / "config.yaml").read_text().split("\n", 1)[1])
         assert row[2] == config["train"]["precision"]
         assert row[3] == str(metrics.train[-1]["step"]) == "12"
-        assert row[5] == str(round(1000 * metrics.train[-1]["elapsed"] / 12))  # ms/step
-        assert row[7] == f"{best['valid_bleu']:.2f} ({best['step']})"
+        assert row[4] == "max_steps"  # its train.log: "stopped: max_steps=12 reached"
+        assert row[6] == str(round(1000 * metrics.train[-1]["elapsed"] / 12))  # ms/step
+        assert row[8] == f"{best['valid_bleu']:.2f} ({best['step']})"
         # where the run reached its own plateau: the first validation within 0.5 of its best
         near = [v["step"] for v in metrics.valid if v["valid_bleu"] >= best["valid_bleu"] - 0.5]
-        assert row[8] == str(near[0])
-        assert row[9] == f"{scores['test']['bleu']:.2f}"
-        assert row[10] == f"{scores['test']['chrf']:.2f}"
+        assert row[9] == str(near[0])
+        assert row[10] == f"{scores['test']['bleu']:.2f}"
+        assert row[11] == f"{scores['test']['chrf']:.2f}"
     models = {r[0]: r for r in _markdown_table(summary, "Models (mean ± sd over seeds)")}
     for run in runs:  # one seed a model: its own numbers, no spread
         test = json.loads((run / "scores.json").read_text())["test"]
-        assert models[run.name.removesuffix("-s1")][8] == f"{test['bleu']:.2f}"
+        assert models[run.name.removesuffix("-s1")][9] == f"{test['bleu']:.2f}"
     # steps to the first run's best dev BLEU: the first run reaches it where it was best
     target = RunMetrics.load(runs[0]).best_valid
     assert result["target_bleu"] == target["valid_bleu"]
@@ -164,8 +165,8 @@ def test_table_3_over_seeds_reads_each_runs_kept_decodings_of_the_weights_it_sco
     a run with κ, α fixed at 1/M has no Table 3 (uniform is what it has)."""
     import shutil
 
+    from wtnmt.analysis.runs import Run
     from wtnmt.analysis.table3 import table3
-    from wtnmt.analysis.tables import Run
 
     # seed: (learned, uniform, random draws kept)
     made = {"weighted-s1": (40.0, 36.0, [30.0, 20.0]), "weighted-s2": (38.0, 35.0, [26.0])}

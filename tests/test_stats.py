@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from wtnmt.analysis.metrics import RunMetrics
+from wtnmt.analysis.runs import Run
 from wtnmt.analysis.stats import incomplete_beta, permutation_test, student_t_two_sided, welch_t
-from wtnmt.analysis.tables import Run, seeds_test_table
+from wtnmt.analysis.tables import seeds_test_table
 
 
 def t_tail_by_integration(t: float, df: float, steps: int = 200_000) -> float:
@@ -155,6 +156,48 @@ def test_moses_bleu_scores_lowercased_moses_tokens_and_counts_them_as_bleu_4():
     got = moses_bleu(["A b c d e"], ["a b c d f"], "en")
     assert got["bleu_moses"] == round(100 * 0.2**0.25, 2)
     assert got["bleu_moses_signature"].startswith("lc+moses-norm+moses-tok:en|")
+
+
+def test_the_tables_say_how_each_run_stopped_and_how_many_a_model_stopped_by_patience(tmp_path):
+    """§4 asks for each model at patience: the runs table says what ended each run (its
+    finished.json, else its train.log's last word), the models table how many of each."""
+    from wtnmt.analysis.runs import stop_reason
+    from wtnmt.analysis.tables import groups_table, runs_table
+
+    patience = "no validation improvement in 10 validations (patience)"
+    logs = {  # run: (finished.json's reason, or None; train.log's lines)
+        "transformer-s1": (patience, []),
+        "transformer-s2": (None, ["[09:26:49] stopped: max_steps=12000 reached"]),
+        "transformer-s3": (None, [
+            "[09:26:49] stopped: max_steps=12000 reached",  # then continued under a larger cap
+            "[10:01:02] resumed from step_0012000.state.pt: step 12000, epoch 187, batch 3",
+        ]),
+        "weighted-s1": (None, [f"[01:00:00] stopped: {patience}", "[01:00:05] validation"]),
+        "weighted-s2": (None, ["[01:00:00] interrupted at step 7: saving a checkpoint"]),
+        "weighted-s3": (None, []),  # no log: not recorded
+    }  # fmt: skip
+    runs = []
+    for name, (finished, lines) in logs.items():
+        run = _run(tmp_path, name, 30.0)
+        if finished:
+            (run.path / "finished.json").write_text(json.dumps({"finished": finished}))
+        if lines:
+            (run.path / "train.log").write_text("\n".join(lines) + "\n")
+        runs.append(Run(run.path, run.metrics, run.scores, {}, stop=stop_reason(run.path)))
+    table = runs_table(runs)
+    column = table.headers.index("stopped by")
+    assert [row[column] for row in table.rows] == [
+        "patience", "max_steps", None, "patience", None, None,
+    ]  # fmt: skip
+    groups = groups_table(runs)
+    column = groups.headers.index("stopped by")
+    assert [row[column] for row in groups.rows] == [
+        "max_steps ×1, not recorded ×1, patience ×1",
+        "not recorded ×2, patience ×1",
+    ]
+    assert groups_table(runs[:1]).rows[0][column] == "patience"
+    (runs[5].path / "finished.json").write_text("[]")  # not one a grid wrote: not trusted
+    assert stop_reason(runs[5].path) is None
 
 
 def test_the_tables_say_each_runs_precision_and_a_models_mix_of_them(tmp_path):

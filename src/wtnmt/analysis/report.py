@@ -18,16 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from wtnmt.analysis import deep, figures
+from wtnmt.analysis.runs import Run, with_unique_names
 from wtnmt.analysis.table3 import table3
 from wtnmt.analysis.tables import (
-    Run,
     Table,
     groups_table,
     model_pairs,
     runs_table,
     seeds_test_table,
     steps_to_bleu_table,
-    with_unique_names,
 )
 
 

@@ -14,7 +14,8 @@ import json
 from typing import Any
 
 from wtnmt.analysis.metrics import mean_sd
-from wtnmt.analysis.tables import Run, Table
+from wtnmt.analysis.runs import Run
+from wtnmt.analysis.tables import Table
 
 
 def learns_branch_weights(run: Run) -> bool:

@@ -3,14 +3,13 @@ report renders to Markdown and HTML and keeps in ``analysis.json``."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from wtnmt.analysis.metrics import RunMetrics, group_name, mean_sd, steps_to_bleu
+from wtnmt.analysis.metrics import mean_sd, steps_to_bleu
+from wtnmt.analysis.runs import Run
 
 
 @dataclass
@@ -22,100 +21,6 @@ class Table:
 
     def as_dict(self) -> dict[str, Any]:
         return {"title": self.title, "headers": self.headers, "rows": self.rows, "note": self.note}
-
-
-@dataclass(frozen=True)
-class Run:
-    """One run as analyze sees it: its directory, series, scores and config."""
-
-    path: Path
-    metrics: RunMetrics
-    scores: dict[str, Any] | None
-    config: dict[str, Any]
-    label: str = ""  # the run's name among those analyzed together (default: its directory's)
-
-    @property
-    def name(self) -> str:
-        return self.label or self.path.name
-
-    @property
-    def slug(self) -> str:
-        """The name as part of a file name (``a/weighted-s1`` → ``a_weighted-s1``)."""
-        return self.name.replace("/", "_")
-
-    @property
-    def group(self) -> str:
-        return group_name(self.name)
-
-    @property
-    def weighted(self) -> bool:
-        return self.config.get("model", {}).get("attention") == "branched"
-
-    @property
-    def steps(self) -> int:
-        return self.metrics.train[-1]["step"] if self.metrics.train else 0
-
-    @property
-    def seconds(self) -> float:
-        return self.metrics.train[-1].get("elapsed", 0.0) if self.metrics.train else 0.0
-
-    @property
-    def ms_per_step(self) -> float | None:
-        """Milliseconds of updates per step: the cost of a step on this run's machine."""
-        return round(1000 * self.seconds / self.steps) if self.steps else None
-
-    def test(self, key: str) -> float | None:
-        split = (self.scores or {}).get("test")
-        return None if split is None else split.get(key)
-
-    @property
-    def precision(self) -> str:
-        """``train.precision`` as the run's config states it (``auto``: bf16 where the
-        hardware had it natively)."""
-        return str(self.config.get("train", {}).get("precision", "fp32"))
-
-    @property
-    def budget(self) -> str:
-        train = self.config.get("train", {})
-        if train.get("max_time"):
-            return f"{train['max_time']:g} s"
-        if train.get("max_steps"):
-            return f"{train['max_steps']} steps"
-        return f"{train.get('max_epochs')} epochs"
-
-    @classmethod
-    def load(cls, path: str | Path) -> Run:
-        import yaml
-
-        path = Path(path)
-        scores_path = path / "scores.json"
-        scores = (
-            json.loads(scores_path.read_text(encoding="utf-8")) if scores_path.is_file() else None
-        )
-        config = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
-        return cls(path, RunMetrics.load(path), scores, config or {})
-
-
-def with_unique_names(runs: list[Run]) -> list[Run]:
-    """The runs named by as many trailing parts of their paths as it takes to tell them
-    apart (``A/weighted`` and ``B/weighted``, not two seeds of one ``weighted``); each run's
-    metrics carry the same name, for the figures' legends."""
-    import dataclasses
-
-    depth, names = 1, [r.path.name for r in runs]
-    most = max((len(r.path.parts) for r in runs), default=1)
-    while len(set(names)) < len(names) and depth < most:
-        depth += 1
-        names = ["/".join(r.path.parts[-depth:]) for r in runs]
-    if len(set(names)) < len(names):  # the same directory given twice
-        twice = sorted({n for n in names if names.count(n) > 1})[0]
-        from wtnmt.config import ConfigError
-
-        raise ConfigError(f"{twice}: given twice; analyze each run once")
-    return [
-        dataclasses.replace(r, label=n, metrics=dataclasses.replace(r.metrics, name=n))
-        for r, n in zip(runs, names, strict=True)
-    ]
 
 
 def _r(value: float | None, digits: int = 2) -> float | None:
@@ -144,6 +49,7 @@ def runs_table(runs: list[Run]) -> Table:
             "budget",
             "precision",
             "steps",
+            "stopped by",
             "update s",
             "ms/step",
             "tgt tok/s",
@@ -155,6 +61,7 @@ def runs_table(runs: list[Run]) -> Table:
         ],
         note=f"dev BLEU: greedy decoding at each validation; test: beam search with "
         f"{_test_weights(runs)}; BLEU lc: lowercased (the Multi30k literature's); "
+        "stopped by: patience, or the bound of the budget reached; "
         "ms/step: seconds of updates per step; tgt tok/s: median over logged windows; "
         "steps to best − 0.5: the first validation within 0.5 dev BLEU of the run's own best",
     )
@@ -167,6 +74,7 @@ def runs_table(runs: list[Run]) -> Table:
                 run.budget,
                 run.precision,
                 run.steps,
+                run.stopped_by,
                 round(run.seconds),
                 run.ms_per_step,
                 None if rate is None else round(rate),
@@ -180,11 +88,11 @@ def runs_table(runs: list[Run]) -> Table:
     return table
 
 
-def _precisions(runs: list[Run]) -> str:
-    """``fp32``, or where seeds differ, how many trained in each: ``bf16 ×1, fp32 ×2``."""
+def _mix(values: list[str]) -> str:
+    """``fp32``, or where seeds differ, how many have each: ``bf16 ×1, fp32 ×2``."""
     counts: dict[str, int] = {}
-    for run in runs:
-        counts[run.precision] = counts.get(run.precision, 0) + 1
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
     if len(counts) == 1:
         return next(iter(counts))
     return ", ".join(f"{p} ×{n}" for p, n in sorted(counts.items()))
@@ -199,6 +107,7 @@ def groups_table(runs: list[Run]) -> Table:
             "seeds",
             "precision",
             "steps",
+            "stopped by",
             "ms/step",
             "tgt tok/s",
             "best dev BLEU",
@@ -212,9 +121,10 @@ def groups_table(runs: list[Run]) -> Table:
     for run in runs:
         groups.setdefault(run.group, []).append(run)
     for name, members in groups.items():
-        cells: list[Any] = [name, len(members), _precisions(members)]
+        cells: list[Any] = [name, len(members), _mix([r.precision for r in members])]
         for values in (
             [float(r.steps) for r in members],
+            None,  # how each stopped: a count, not a mean
             [r.ms_per_step for r in members],
             [r.metrics.tokens_per_second() for r in members],
             [(r.metrics.best_valid or {}).get("valid_bleu") for r in members],
@@ -223,6 +133,9 @@ def groups_table(runs: list[Run]) -> Table:
             [r.test("chrf") for r in members],
             [r.test("bleu_lc") for r in members],
         ):
+            if values is None:
+                cells.append(_mix([r.stopped_by or "not recorded" for r in members]))
+                continue
             known = [v for v in values if v is not None]
             if len(known) != len(values) or not known:
                 cells.append(None)
@@ -365,4 +278,4 @@ def steps_to_bleu_table(runs: list[Run], target: float) -> tuple[Table, list[dic
     return table, rows
 
 
-__all__ = ["Run", "Table", "groups_table", "runs_table", "steps_to_bleu_table"]
+__all__ = ["Table", "groups_table", "runs_table", "steps_to_bleu_table"]
