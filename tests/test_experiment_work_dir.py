@@ -118,3 +118,40 @@ def test_a_pack_names_the_files_where_the_grid_puts_them_and_lost_copies_come_ba
     assert [p.name for p in run_result_files(spec.results_dir)] == [
         p.name for p in run_result_files(spec.run_dir)
     ]
+
+
+def test_a_run_the_cap_stopped_goes_on_under_a_grid_with_a_larger_cap(tmp_path, capsys):
+    """How a run stopped at its grid's cap still improving goes on to patience: its work
+    directory copied under a grid that asks the same with a larger cap resumes it from its
+    last checkpoint; it ends as the run trained straight to the larger cap, and its results
+    (finished.json, scores.json) say the new end, not the cap's."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from wtnmt.train import Trainer
+
+    capped = write_grid(tmp_path, seeds=[1], analyze=False, out=str(tmp_path / "capped"))
+    work = tmp_path / "scratch"
+    assert main(["experiment", str(capped), "--work-dir", str(work)]) == 0
+    first = in_work_dir(load_grid(capped), work).runs[0]
+    assert json.loads((first.results_dir / "finished.json").read_text())["step"] == 6
+    uncapped = write_grid(
+        tmp_path, seeds=[1], analyze=False, out=str(tmp_path / "uncapped"),
+        budget={"max_steps": 9},
+    )  # fmt: skip
+    spec = in_work_dir(load_grid(uncapped), work).runs[0]
+    shutil.copytree(first.run_dir, spec.run_dir)  # cp -a, as the grid file's comment says
+    assert main(["experiment", str(uncapped), "--work-dir", str(work), "--dry-run"]) == 0
+    assert "1 to resume" in capsys.readouterr().err
+    assert main(["experiment", str(uncapped), "--work-dir", str(work)]) == 0
+    finished = json.loads((spec.results_dir / "finished.json").read_text())
+    assert finished["step"] == 9 and finished["finished"] == "max_steps=9 reached"
+    scores = json.loads((spec.results_dir / "scores.json").read_text())
+    assert scores["steps"] == 9  # scored again, on the weights it ended with
+    straight = tmp_path / "straight"
+    Trainer(spec.config(), straight, log_to_stderr=False).run()
+    a, b = (load_file(run / "model.safetensors") for run in (straight, spec.run_dir))
+    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
+    # the capped grid's copy is as it was
+    assert json.loads((first.results_dir / "finished.json").read_text())["step"] == 6
