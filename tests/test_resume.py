@@ -36,6 +36,41 @@ def test_resume_equals_training_straight_through(tmp_path):
         assert torch.equal(a[name], b[name]), name
 
 
+def test_a_run_stopped_off_its_save_cadence_keeps_and_averages_the_checkpoints_of_one_never_stopped(
+    tmp_path,
+):
+    """A checkpoint saved where a run stopped (a pause, an interruption, an end at another
+    budget) is off the run's cadence: once the run goes on it is removed, and it never pushed
+    a checkpoint of the cadence out, so the last N checkpoints averaged are the straight run's
+    (a grid's run paused twice had averaged its two pause checkpoints in place of the two
+    oldest of its last ten)."""
+    from wtnmt.rundir import list_checkpoints
+    from wtnmt.rundir.average import average_weights
+
+    train = {"save_every": 2, "valid_every": 100, "keep_checkpoints": 3}
+    straight = tiny_run_config(tmp_path, train={"max_steps": 10, **train})
+    Trainer(straight, tmp_path / "a", **QUIET).run()
+    # stopped off the cadence twice, each time resumed: the stop's own checkpoint is kept
+    # beside the cadence's last 3, none of which it pushed out
+    for stop, cadence in ((5, (2, 4)), (7, (2, 4, 6))):
+        first = tiny_run_config(tmp_path, train={"max_steps": stop, **train})
+        Trainer(first, tmp_path / "b", resume=stop > 5, **QUIET).run()
+        names = [p.name for p in list_checkpoints(tmp_path / "b" / "checkpoints")]
+        assert names == [f"step_{s:07d}.state.pt" for s in (*cadence, stop)]
+    Trainer(straight, tmp_path / "b", resume=True, **QUIET).run()
+    kept = {run: list_checkpoints(tmp_path / run / "checkpoints") for run in ("a", "b")}
+    assert (
+        [p.name for p in kept["b"]]
+        == [p.name for p in kept["a"]]
+        == [f"step_{s:07d}.state.pt" for s in (6, 8, 10)]
+    )
+    a, b = (
+        average_weights([p.with_name(p.name.replace(".state.pt", ".safetensors")) for p in kept[r]])
+        for r in ("a", "b")
+    )
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 KILLER = """
 import os, signal, sys
 sys.path.insert(0, {tests!r})

@@ -70,11 +70,31 @@ def latest_checkpoint(directory: Path, warn=print) -> tuple[Path, dict[str, Any]
     return None
 
 
-def prune_checkpoints(directory: Path, keep: int, protect: set[Path] = frozenset()) -> None:  # type: ignore[assignment]
-    """Keep the newest ``keep`` checkpoints (and any in ``protect``)."""
+def prune_checkpoints(
+    directory: Path,
+    keep: int,
+    protect: set[Path] = frozenset(),  # type: ignore[assignment]
+    every: int | None = None,
+) -> None:
+    """Keep the newest ``keep`` checkpoints saved on the run's cadence (every ``every`` steps;
+    None: every checkpoint counts), the newest checkpoint whatever its step, and any in
+    ``protect``. One off the cadence (saved where the run was interrupted, or ended) is kept
+    only while it is the newest: it neither pushes a checkpoint of the cadence out nor stays
+    once the run has gone on, so that a run stopped and resumed keeps the checkpoints of the
+    run never stopped, and its last N average as that run's."""
     states = list_checkpoints(directory)
-    for path in states[: max(len(states) - keep, 0)]:
-        if path in protect:
+    if not states:
+        return
+    cadence = [p for p in states if every is None or _step_of(p) % every == 0]
+    kept = {*cadence[max(len(cadence) - keep, 0) :], states[-1], *protect}
+    for path in states:
+        if path in kept:
             continue
         path.unlink(missing_ok=True)
         path.with_name(path.name.replace(".state.pt", ".safetensors")).unlink(missing_ok=True)
+
+
+def _step_of(path: Path) -> int:
+    match = _STEP.search(path.name)
+    assert match is not None  # list_checkpoints lists only what it matches
+    return int(match.group(1))

@@ -72,7 +72,8 @@ def save_training(
                 f"{e.strerror or e}; {kept}"
             ) from None
         best = ckpt_dir / f"step_{state.best_step or 0:07d}.state.pt"
-        prune_checkpoints(ckpt_dir, config.train.keep_checkpoints, protect={best})
+        every = config.train.save_every or config.train.valid_every
+        prune_checkpoints(ckpt_dir, config.train.keep_checkpoints, protect={best}, every=every)
     if world > 1:
         dist.barrier()
 
