@@ -121,31 +121,34 @@ def groups_table(runs: list[Run]) -> Table:
     for run in runs:
         groups.setdefault(run.group, []).append(run)
     for name, members in groups.items():
-        cells: list[Any] = [name, len(members), _mix([r.precision for r in members])]
-        for values in (
-            [float(r.steps) for r in members],
-            None,  # how each stopped: a count, not a mean
-            [r.ms_per_step for r in members],
-            [r.metrics.tokens_per_second() for r in members],
-            [(r.metrics.best_valid or {}).get("valid_bleu") for r in members],
-            [r.metrics.steps_near_best() for r in members],
-            [r.test("bleu") for r in members],
-            [r.test("chrf") for r in members],
-            [r.test("bleu_lc") for r in members],
-        ):
-            if values is None:
-                cells.append(_mix([r.stopped_by or "not recorded" for r in members]))
-                continue
-            known = [v for v in values if v is not None]
-            if len(known) != len(values) or not known:
-                cells.append(None)
-                continue
-            mean, sd = mean_sd(known)
-            digits = 0 if mean > 200 else 2
-            # one seed has no spread to show
-            cells.append(f"{mean:.{digits}f}" + (f" ± {sd:.{digits}f}" if len(known) > 1 else ""))
-        table.rows.append(cells)
+        table.rows.append(
+            [
+                name,
+                len(members),
+                _mix([r.precision for r in members]),
+                _spread([float(r.steps) for r in members]),
+                _mix([r.stopped_by or "not recorded" for r in members]),  # a count, not a mean
+                _spread([r.ms_per_step for r in members]),
+                _spread([r.metrics.tokens_per_second() for r in members]),
+                _spread([(r.metrics.best_valid or {}).get("valid_bleu") for r in members]),
+                _spread([r.metrics.steps_near_best() for r in members]),
+                _spread([r.test("bleu") for r in members]),
+                _spread([r.test("chrf") for r in members]),
+                _spread([r.test("bleu_lc") for r in members]),
+            ]
+        )
     return table
+
+
+def _spread(values: list[float | None]) -> str | None:
+    """``mean ± sd`` over the seeds (the mean alone for one seed: no spread to show); None
+    where any seed lacks the value."""
+    known = [v for v in values if v is not None]
+    if len(known) != len(values) or not known:
+        return None
+    mean, sd = mean_sd(known)
+    digits = 0 if mean > 200 else 2
+    return f"{mean:.{digits}f}" + (f" ± {sd:.{digits}f}" if len(known) > 1 else "")
 
 
 # compared across seeds: the test scores (sacreBLEU, lowercased, the literature's lowercased

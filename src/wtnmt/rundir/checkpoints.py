@@ -52,12 +52,16 @@ def load_state(path: Path) -> dict[str, Any]:
 _STEP = re.compile(r"step_(\d+)\.state\.pt$")
 
 
-def list_checkpoints(directory: Path) -> list[Path]:
-    """State files in ``directory``, oldest first."""
+def _numbered(directory: Path) -> list[tuple[int, Path]]:
+    """(step, state file) of each checkpoint in ``directory``, oldest first."""
     if not directory.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _STEP.search(p.name))]
-    return [p for _, p in sorted(found)]
+    return sorted((int(m.group(1)), p) for p in directory.iterdir() if (m := _STEP.search(p.name)))
+
+
+def list_checkpoints(directory: Path) -> list[Path]:
+    """State files in ``directory``, oldest first."""
+    return [p for _, p in _numbered(directory)]
 
 
 def latest_checkpoint(directory: Path, warn=print) -> tuple[Path, dict[str, Any]] | None:  # type: ignore[no-untyped-def]
@@ -82,19 +86,13 @@ def prune_checkpoints(
     only while it is the newest: it neither pushes a checkpoint of the cadence out nor stays
     once the run has gone on, so that a run stopped and resumed keeps the checkpoints of the
     run never stopped, and its last N average as that run's."""
-    states = list_checkpoints(directory)
-    if not states:
+    numbered = _numbered(directory)
+    if not numbered:
         return
-    cadence = [p for p in states if every is None or _step_of(p) % every == 0]
-    kept = {*cadence[max(len(cadence) - keep, 0) :], states[-1], *protect}
-    for path in states:
+    cadence = [p for step, p in numbered if every is None or step % every == 0]
+    kept = {*cadence[max(len(cadence) - keep, 0) :], numbered[-1][1], *protect}
+    for _, path in numbered:
         if path in kept:
             continue
         path.unlink(missing_ok=True)
         path.with_name(path.name.replace(".state.pt", ".safetensors")).unlink(missing_ok=True)
-
-
-def _step_of(path: Path) -> int:
-    match = _STEP.search(path.name)
-    assert match is not None  # list_checkpoints lists only what it matches
-    return int(match.group(1))
