@@ -154,7 +154,15 @@ sys.meta_path.insert(0, Probe())
 """
 
 
-@pytest.mark.parametrize("argv", [["train", "missing.yaml"], ["translate", "missing-run"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "missing.yaml"],
+        ["translate", "missing-run"],
+        ["analyze", "missing-run"],
+        ["serve", "missing-run", "--port", "0"],
+    ],
+)
 def test_a_command_holds_sigint_while_it_imports_torch(tmp_path, argv):
     """torch's import can lose a SIGINT that comes at one moment of it (`python -c 'import
     torch'` stopped 0.55–0.75 s after it started went on, on a busy 2-core machine), fail with

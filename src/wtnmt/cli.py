@@ -373,14 +373,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # the commands whose work begins with torch's import, which can lose a Ctrl-C that comes while
-# it runs (the command then went on as if none had come): held there, raised once it is done
+# it runs (the command then went on as if none had come): held there, raised once it is done;
+# `analyze` where it decodes; `serve` once it has its extras (serve/main.py)
 _IMPORT_TORCH = frozenset(
     ("train", "translate", "evaluate", "export", "demo", "average", "experiment", "prune")
 )
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.command in _IMPORT_TORCH:
+    if args.command in _IMPORT_TORCH or (args.command == "analyze" and not args.no_decode):
         with interrupt.held():
             import torch  # noqa: F401
     return args.func(args)

@@ -15,6 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
+from wtnmt import interrupt
 from wtnmt.config import ConfigError
 from wtnmt.runtime import check_device, check_engine, check_quantize
 from wtnmt.serve.settings import API_KEY_ENV, ServeSettings
@@ -131,6 +132,8 @@ def _loopback(host: str) -> bool:
 def main_serve(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     _check_extras()
+    with interrupt.held():  # torch's import can lose a Ctrl-C (wtnmt.cli._IMPORT_TORCH)
+        import torch
     check_quantize(args.quantize, args.device)  # (true whatever devices there are)
     check_engine(args.engine, args.device)
     check_device(args.device)
@@ -138,7 +141,6 @@ def main_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"--threads {args.threads}: must be at least 1")
     sock = bind(args.host, args.port)
 
-    import torch
     import uvicorn
 
     from wtnmt.decode.translator import Translator
