@@ -110,7 +110,7 @@ def test_the_runner_skips_a_finished_run_and_resumes_an_interrupted_one(tmp_path
     assert _state(interrupted.run_dir) == (3, None)
     untouched = {p: p.stat().st_mtime_ns for p in (finished.run_dir / "checkpoints").iterdir()}
     assert plan_task(finished, grid).what == "score"  # trained, not scored yet
-    assert plan_task(interrupted, grid).what == "resume"
+    assert plan_task(interrupted, grid).said == "resume (from step 3)"  # its checkpoint's
 
     assert main(["experiment", str(path)]) == 0
     err = capsys.readouterr().err
@@ -142,13 +142,14 @@ def test_a_run_trained_with_other_settings_is_refused(tmp_path):
         plan_task(other.runs[0], other)
     # a bigger budget continues the finished run
     longer = load_grid(write_grid(tmp_path, budget={"max_steps": 9}))
-    assert plan_task(longer.runs[0], longer).what == "resume"
+    assert plan_task(longer.runs[0], longer).said == "resume (from step 6)"
 
 
 def test_a_run_another_process_trains_is_not_touched(tmp_path):
     grid = load_grid(write_grid(tmp_path))
     spec = grid.runs[0]
     spec.run_dir.mkdir(parents=True)
+    (spec.run_dir / "metrics.jsonl").write_text('{"step": 40, "loss": 3.5, "elapsed": 9.0}\n')
     holder = subprocess.Popen(
         [
             sys.executable, "-c",
@@ -163,7 +164,8 @@ def test_a_run_another_process_trains_is_not_touched(tmp_path):
         said: list[str] = []
         outcome = run_grid(grid, dry_run=True, say=said.append)
         assert outcome["weighted-s1"] == "busy" and outcome["weighted-s2"] == "train"
-        assert "  weighted-s1: busy: another process is training it; left to it" in said
+        busy = "  weighted-s1: busy: another process is training it (at step 40); left to it"
+        assert busy in said
     finally:
         holder.kill()
         holder.wait()

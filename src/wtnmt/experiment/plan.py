@@ -25,6 +25,7 @@ import yaml
 
 from wtnmt.config import ConfigError, config_to_dict
 from wtnmt.experiment.grid import Grid, RunSpec
+from wtnmt.experiment.progress import last_step
 from wtnmt.rundir import RunDirectory, latest_checkpoint
 from wtnmt.rundir.run import MARK, config_differences, with_defaults
 
@@ -36,6 +37,7 @@ class Task:
     resume: bool
     evaluate: bool
     busy: bool = False
+    step: int | None = None  # the step it resumes from, or the last another process logged
 
     @property
     def what(self) -> str:
@@ -44,6 +46,13 @@ class Task:
         if self.train:
             return "resume" if self.resume else "train"
         return "score"
+
+    @property
+    def said(self) -> str:
+        """``what``, with where the run stands: a grid that spans sessions says it."""
+        if self.step is None:
+            return self.what
+        return f"{self.what} ({'at' if self.busy else 'from'} step {self.step:,})"
 
 
 def _recorded_config(run_dir: Path) -> dict[str, Any] | None:
@@ -81,7 +90,9 @@ def plan_task(spec: RunSpec, grid: Grid, *, record: bool = False) -> Task | None
             # finished, and its work directory is gone: its results say what is left
             spec = dataclasses.replace(spec, run_dir=spec.results_dir, results_dir=None)
     if RunDirectory(spec.run_dir).busy():
-        return Task(spec, train=False, resume=False, evaluate=False, busy=True)
+        at = last_step(spec.run_dir)
+        step = None if at is None else at[0]
+        return Task(spec, train=False, resume=False, evaluate=False, busy=True, step=step)
     evaluate = grid.evaluate is not None
     found = latest_checkpoint(spec.run_dir / "checkpoints", warn=lambda _: None)
     marker = spec.run_dir / FINISHED
@@ -109,7 +120,7 @@ def plan_task(spec: RunSpec, grid: Grid, *, record: bool = False) -> Task | None
         return None
     state = found[1]["train_state"]
     if state.get("finished") is None or not same_budget:
-        return Task(spec, train=True, resume=True, evaluate=evaluate)
+        return Task(spec, train=True, resume=True, evaluate=evaluate, step=int(state["step"]))
     if record and not marker.is_file():
         write_finished(spec.run_dir, state)
     if evaluate and not scored(spec.run_dir, grid.evaluate or {}):

@@ -127,7 +127,7 @@ def run_grid(  # type: ignore[no-untyped-def]
                 copy_finished_results(spec, say)  # where an earlier call stopped before copying
         elif task.busy:
             outcome[spec.name] = "busy"
-            say(f"  {spec.name}: {task.what}; left to it")
+            say(f"  {spec.name}: {task.said}; left to it")
         else:
             tasks.append(task)
     say(
@@ -137,7 +137,7 @@ def run_grid(  # type: ignore[no-untyped-def]
         f"{grid.parallel} at once, {grid.threads} thread{'s' if grid.threads > 1 else ''} each"
     )
     for task in tasks:
-        say(f"  {task.spec.name}: {task.what}")
+        say(f"  {task.spec.name}: {task.said}")
     emulated = [t.spec.name for t in tasks if t.train and _emulated_bf16(t.spec)]
     if emulated:
         say(f"{grid.path}: {EMULATED_BF16_WARNING} ({', '.join(emulated)})")
