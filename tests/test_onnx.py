@@ -54,12 +54,29 @@ def _train(tmp: Path, model: dict, steps: int) -> Path:
     return tmp / "run"
 
 
+@pytest.fixture(scope="module")
+def learned(tmp_path_factory) -> Path:
+    """A Weighted Transformer trained until it translates, for int8 and the command line."""
+    return _train(tmp_path_factory.mktemp("learned"), {"d_model": 64, "d_ff": 128}, steps=200)
+
+
+def _export(run: Path) -> Path:
+    """``run`` exported to RUN/onnx, once: an export costs seconds (tracing and translating
+    two graphs), so the tests that need one but do not test making it share it."""
+    if not (run / "onnx" / "export.json").is_file():
+        export_onnx(run)
+    return run / "onnx"
+
+
 @pytest.fixture(scope="module", params=list(KINDS))
 def exported(request, tmp_path_factory) -> tuple[Path, Translator, OnnxNetwork]:
-    """A briefly trained run of each kind, exported to RUN/onnx."""
-    run = _train(tmp_path_factory.mktemp(request.param), KINDS[request.param], steps=60)
-    export_onnx(run)
-    return run, Translator.load(run), OnnxNetwork.open(run / "onnx", run)
+    """A briefly trained run of each kind, exported to RUN/onnx (the plain Weighted
+    Transformer's is the trained one of ``learned``)."""
+    if request.param == "weighted":
+        run = request.getfixturevalue("learned")
+    else:
+        run = _train(tmp_path_factory.mktemp(request.param), KINDS[request.param], steps=60)
+    return run, Translator.load(run), OnnxNetwork.open(_export(run), run)
 
 
 def _check(torch_step: _Stepper, onnx_step: OnnxStepper, prefix: torch.Tensor) -> None:
@@ -110,12 +127,6 @@ def test_both_engines_translate_alike(exported, beam):
         assert max(abs(h.score - w.score) for h, w in zip(have, want, strict=True)) < 1e-4
 
 
-@pytest.fixture(scope="module")
-def learned(tmp_path_factory) -> Path:
-    """A Weighted Transformer trained until it translates, for int8 and the command line."""
-    return _train(tmp_path_factory.mktemp("learned"), {"d_model": 64, "d_ff": 128}, steps=200)
-
-
 def test_int8_agrees_with_float32_on_most_tokens(learned):
     fp32 = Translator.load(learned, engine="onnxruntime")
     int8 = Translator.load(learned, engine="onnxruntime", quantize="int8")
@@ -160,7 +171,7 @@ def _one_line_error(capsys, argv: list[str], *expected: str) -> None:
 
 def test_a_damaged_or_mismatched_export_is_refused_in_one_line(learned, tmp_path, capsys):
     run = _copy(learned, tmp_path / "run")
-    export_onnx(run)
+    shutil.copytree(_export(learned), run / "onnx")
     inp = tmp_path / "in.txt"
     inp.write_text("alpha beta\n")
     argv = ["translate", str(run), "-i", str(inp), "--engine", "onnxruntime"]
