@@ -8,14 +8,16 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers import WORDS, sentence, translate
 from wtnmt.cli import main as cli
 from wtnmt.config import ConfigError, DataConfig
 from wtnmt.data import DataError, ParallelData, Vocabulary, prepare
+from wtnmt.data.dataset import write_ids
 from wtnmt.data.io import read_lines, read_parallel, read_tsv
 from wtnmt.data.split import split_by_pivot
-from wtnmt.special import BOS, EOS
+from wtnmt.special import BOS, EOS, PAD
 
 
 def write_corpus(
@@ -125,6 +127,20 @@ def test_cleaning_drops_pairs_together_counts_them_and_never_misaligns(tmp_path)
     batch = ParallelData(tmp_path / "out", "train").collate([0, 1])
     assert (batch.tgt_in[:, 0] == BOS).all()
     assert (batch.src == EOS).sum() == 2 and (batch.tgt_out == EOS).sum() == 2
+
+
+def test_collate_pads_and_marks_each_pair_as_written(tmp_path):
+    src = [[5, 6, 7], [8], [], [9, 10]]
+    tgt = [[11], [12, 13, 14], [15, 16], []]
+    write_ids(tmp_path / "train.src", src, vocab_size=100)
+    write_ids(tmp_path / "train.tgt", tgt, vocab_size=100)
+    batch = ParallelData(tmp_path, "train").collate([3, 0, 2, 0])  # a repeat, empty sides
+    P, B, E = PAD, BOS, EOS
+    assert batch.src.tolist() == [[9, 10, E, P], [5, 6, 7, E], [E, P, P, P], [5, 6, 7, E]]
+    assert batch.tgt_in.tolist() == [[B, P, P], [B, 11, P], [B, 15, 16], [B, 11, P]]
+    assert batch.tgt_out.tolist() == [[E, P, P], [11, E, P], [15, 16, E], [11, E, P]]
+    assert batch.indices.tolist() == [3, 0, 2, 0] and batch.target_tokens == 8
+    assert batch.src.dtype == batch.tgt_in.dtype == batch.tgt_out.dtype == torch.int64
 
 
 def test_held_out_splits_share_no_source_sentence_with_train(tmp_path):

@@ -104,6 +104,25 @@ class TokenArray:
 
 
 @dataclass(frozen=True)
+class _Tokens:
+    """The ids of some sequences, each with its row (which sequence) and column (position)."""
+
+    ids: np.ndarray
+    row: np.ndarray
+    col: np.ndarray
+
+
+def _gather(array: TokenArray, rows: np.ndarray) -> tuple[_Tokens, np.ndarray]:
+    """Every id of the sequences ``rows`` of ``array`` in one gather, and their lengths."""
+    starts, ends = array.offsets[rows], array.offsets[rows + 1]
+    lengths = ends - starts
+    row = np.repeat(np.arange(len(rows)), lengths)
+    first = np.cumsum(lengths) - lengths  # where each sequence begins among the gathered
+    col = np.arange(int(lengths.sum())) - first[row]
+    return _Tokens(np.asarray(array.flat[starts[row] + col]), row, col), lengths
+
+
+@dataclass(frozen=True)
 class Batch:
     src: Tensor  # [B, S] ids + EOS, right-padded
     tgt_in: Tensor  # [B, T] BOS + ids
@@ -140,21 +159,25 @@ class ParallelData:
         return self.tgt.lengths + 1  # + BOS (input) or EOS (output)
 
     def collate(self, indices: np.ndarray) -> Batch:
+        """The pairs at ``indices`` as one right-padded batch: source ids + EOS, BOS + target
+        ids, target ids + EOS. Built with whole-array gathers and scatters, not a loop over
+        the rows: a batch is made on the host at every update, and on a GPU a small model's
+        update is paced by the host (`benchmarks/collate_speed.py`)."""
         import torch
 
-        src = [self.src[i] for i in indices]
-        tgt = [self.tgt[i] for i in indices]
-        n, s_len, t_len = len(indices), max(map(len, src)) + 1, max(map(len, tgt)) + 1
-        src_ids = np.full((n, s_len), PAD, dtype=np.int64)
-        tgt_in = np.full((n, t_len), PAD, dtype=np.int64)
-        tgt_out = np.full((n, t_len), PAD, dtype=np.int64)
-        for row, (s, t) in enumerate(zip(src, tgt, strict=True)):
-            src_ids[row, : len(s)] = s
-            src_ids[row, len(s)] = EOS
-            tgt_in[row, 0] = BOS
-            tgt_in[row, 1 : len(t) + 1] = t
-            tgt_out[row, : len(t)] = t
-            tgt_out[row, len(t)] = EOS
+        rows = np.asarray(indices, dtype=np.int64)
+        src, src_len = _gather(self.src, rows)
+        tgt, tgt_len = _gather(self.tgt, rows)
+        n, each = len(rows), np.arange(len(rows))
+        src_ids = np.full((n, int(src_len.max(initial=0)) + 1), PAD, dtype=np.int64)
+        tgt_in = np.full((n, int(tgt_len.max(initial=0)) + 1), PAD, dtype=np.int64)
+        tgt_out = np.full_like(tgt_in, PAD)
+        src_ids[src.row, src.col] = src.ids
+        src_ids[each, src_len] = EOS
+        tgt_in[:, 0] = BOS
+        tgt_in[tgt.row, tgt.col + 1] = tgt.ids
+        tgt_out[tgt.row, tgt.col] = tgt.ids
+        tgt_out[each, tgt_len] = EOS
         return Batch(
             torch.from_numpy(src_ids),
             torch.from_numpy(tgt_in),
