@@ -168,7 +168,8 @@ class ParallelData:
         rows = np.asarray(indices, dtype=np.int64)
         src, src_len = _gather(self.src, rows)
         tgt, tgt_len = _gather(self.tgt, rows)
-        n, each = len(rows), np.arange(len(rows))
+        n = len(rows)
+        each = np.arange(n)
         src_ids = np.full((n, int(src_len.max(initial=0)) + 1), PAD, dtype=np.int64)
         tgt_in = np.full((n, int(tgt_len.max(initial=0)) + 1), PAD, dtype=np.int64)
         tgt_out = np.full_like(tgt_in, PAD)
@@ -182,5 +183,5 @@ class ParallelData:
             torch.from_numpy(src_ids),
             torch.from_numpy(tgt_in),
             torch.from_numpy(tgt_out),
-            np.asarray(indices),
+            rows,
         )
