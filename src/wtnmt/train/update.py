@@ -49,13 +49,13 @@ def update(learner: Learner, batches: list[Batch], *, want_ratio: bool = False) 
     """Forward/backward over ``batches``, then one optimizer step; a FloatingPointError (and
     no step) when the loss or the gradient is not finite."""
     tokens = sum(b.target_tokens for b in batches)
-    total = torch.tensor(float(tokens), device=learner.device)
-    if learner.world > 1:
-        dist.all_reduce(total)
-    scale = learner.world / float(total)  # DDP averages over ranks: undo it, divide by tokens
+    scale = learner.world / _global_tokens(tokens, learner)  # DDP averages: undo it
     dis = learner.config.disagreement
     need_internals = bool(dis.terms) and dis.weight > 0
-    loss_sum, nll_sum, ratio = 0.0, 0.0, None
+    # kept on the device and read once after the loop: a float() per batch would make the
+    # host wait for each batch's kernels before it may queue the next batch's
+    losses: list[tuple[torch.Tensor, torch.Tensor]] = []
+    ratio_t: torch.Tensor | None = None
     for i, batch in enumerate(batches):
         sync = i == len(batches) - 1 or learner.world == 1
         context = nullcontext() if sync else learner.ddp.no_sync()  # type: ignore[operator]
@@ -81,9 +81,13 @@ def update(learner: Learner, batches: list[Batch], *, want_ratio: bool = False) 
             learner.scaler.scale(loss * scale).backward()
         if ratio_here:
             low, top = states[1].grad, states[-1].grad
-            ratio = float(low.norm() / top.norm().clamp_min(1e-30))
-        loss_sum += float(loss_tok.detach().sum())
-        nll_sum += float(nll_tok.sum())
+            ratio_t = low.norm() / top.norm().clamp_min(1e-30)
+        losses.append((loss_tok.detach().sum(), nll_tok.detach().sum()))
+    loss_sum, nll_sum = 0.0, 0.0
+    for loss_b, nll_b in losses:  # summed in float64 on the host, batch by batch, as before
+        loss_sum += float(loss_b)
+        nll_sum += float(nll_b)
+    ratio = None if ratio_t is None else float(ratio_t)
     learner.scaler.unscale_(learner.optimizer)
     max_norm = learner.config.clip_norm if learner.config.clip_norm else float("inf")
     grad_norm = float(nn.utils.clip_grad_norm_(learner.model.parameters(), max_norm))
@@ -96,6 +100,15 @@ def update(learner: Learner, batches: list[Batch], *, want_ratio: bool = False) 
     learner.scaler.update()
     learner.optimizer.zero_grad(set_to_none=True)
     return UpdateResult(loss_sum, nll_sum, tokens, grad_norm, ratio)
+
+
+def _global_tokens(tokens: int, learner: Learner) -> float:
+    """The update's target tokens over every rank; no trip to the device for one process."""
+    if learner.world == 1:
+        return float(tokens)
+    total = torch.tensor(float(tokens), device=learner.device)
+    dist.all_reduce(total)
+    return float(total)
 
 
 __all__ = ["Learner", "UpdateResult", "update"]
