@@ -95,6 +95,18 @@ def test_the_seeds_table_tests_each_model_against_the_first(tmp_path):
     assert seeds_test_table(runs[:1] + runs[3:4]) is None  # one seed a side: nothing to test
 
 
+def test_the_seeds_table_keeps_a_p_too_small_for_four_decimals(tmp_path):
+    # seeds 0.1 apart, models 10 apart: Welch's p is about 1e-6, which 4 decimals read as 0
+    runs = [_run(tmp_path, f"transformer-s{i}", b) for i, b in enumerate([30.0, 30.1, 29.9])]
+    runs += [_run(tmp_path, f"weighted-s{i}", b) for i, b in enumerate([40.0, 40.1, 39.9])]
+    table = seeds_test_table(runs)
+    assert table is not None
+    bleu = next(row for row in table.rows if row[2] == "test BLEU")
+    p = welch_t([40.0, 40.1, 39.9], [30.0, 30.1, 29.9])[2]
+    assert 0 < p < 5e-5 and round(p, 4) == 0.0
+    assert bleu[6] == float(f"{p:.2g}") and bleu[6] > 0
+
+
 def test_the_seeds_table_tests_the_pairs_asked_too(tmp_path):
     runs = [_run(tmp_path, f"transformer-s{i}", b) for i, b in enumerate([30.0, 31.0, 29.0])]
     runs += [_run(tmp_path, f"weighted-s{i}", b) for i, b in enumerate([32.0, 33.0, 34.0])]

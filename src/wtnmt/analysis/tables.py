@@ -27,6 +27,11 @@ def _r(value: float | None, digits: int = 2) -> float | None:
     return None if value is None else round(value, digits)
 
 
+def _p(value: float) -> float:
+    """A p-value to 4 decimals, or to 2 significant digits where 4 decimals would read 0."""
+    return round(value, 4) or float(f"{value:.2g}")
+
+
 def _ratio(value: float | None, reference: float | None) -> float | None:
     return None if value is None or not reference else round(value / reference, 2)
 
@@ -240,8 +245,8 @@ def seeds_test_table(runs: list[Run], pairs: Sequence[tuple[str, str]] = ()) -> 
                     round(sum(a) / len(a) - sum(b) / len(b), 2),  # type: ignore[arg-type]
                     round(t, 2),
                     round(df, 1),
-                    round(p, 4),
-                    round(permutation_test(a, b), 4),  # type: ignore[arg-type]
+                    _p(p),
+                    _p(permutation_test(a, b)),  # type: ignore[arg-type]
                     math.comb(len(a) + len(b), len(a)),
                 ]
             )
