@@ -78,12 +78,24 @@ def _run(tmp: Path, name: str, bleu: float) -> Run:
     return Run(directory, RunMetrics.load(directory), scores, {})
 
 
-def test_the_seeds_table_tests_each_model_against_the_first(tmp_path):
-    runs = [_run(tmp_path, f"transformer-s{i}", b) for i, b in enumerate([30.0, 31.0, 29.0])]
-    runs += [_run(tmp_path, f"weighted-s{i}", b) for i, b in enumerate([32.0, 33.0, 34.0])]
+def _seeds(tmp: Path, **bleus: list[float]) -> list[Run]:
+    """A run per seed of each model (``weighted_fixed`` names weighted-fixed), test BLEU each."""
+    return [
+        _run(tmp, f"{model.replace('_', '-')}-s{seed}", bleu)
+        for model, scores in bleus.items()
+        for seed, bleu in enumerate(scores, 1)
+    ]
+
+
+def _test_bleu_row(runs: list[Run]) -> list:
     table = seeds_test_table(runs)
     assert table is not None
-    bleu = next(row for row in table.rows if row[2] == "test BLEU")
+    return next(row for row in table.rows if row[2] == "test BLEU")
+
+
+def test_the_seeds_table_tests_each_model_against_the_first(tmp_path):
+    runs = _seeds(tmp_path, transformer=[30.0, 31.0, 29.0], weighted=[32.0, 33.0, 34.0])
+    bleu = _test_bleu_row(runs)
     t, df, p = welch_t([32.0, 33.0, 34.0], [30.0, 31.0, 29.0])
     assert bleu[:4] == ["weighted", "transformer", "test BLEU", 3.0]
     assert bleu[4:7] == [round(t, 2), round(df, 1), round(p, 4)]
@@ -97,20 +109,21 @@ def test_the_seeds_table_tests_each_model_against_the_first(tmp_path):
 
 def test_the_seeds_table_keeps_a_p_too_small_for_four_decimals(tmp_path):
     # seeds 0.1 apart, models 10 apart: Welch's p is about 1e-6, which 4 decimals read as 0
-    runs = [_run(tmp_path, f"transformer-s{i}", b) for i, b in enumerate([30.0, 30.1, 29.9])]
-    runs += [_run(tmp_path, f"weighted-s{i}", b) for i, b in enumerate([40.0, 40.1, 39.9])]
-    table = seeds_test_table(runs)
-    assert table is not None
-    bleu = next(row for row in table.rows if row[2] == "test BLEU")
+    bleu = _test_bleu_row(
+        _seeds(tmp_path, transformer=[30.0, 30.1, 29.9], weighted=[40.0, 40.1, 39.9])
+    )
     p = welch_t([40.0, 40.1, 39.9], [30.0, 30.1, 29.9])[2]
     assert 0 < p < 5e-5 and round(p, 4) == 0.0
     assert bleu[6] == float(f"{p:.2g}") and bleu[6] > 0
 
 
 def test_the_seeds_table_tests_the_pairs_asked_too(tmp_path):
-    runs = [_run(tmp_path, f"transformer-s{i}", b) for i, b in enumerate([30.0, 31.0, 29.0])]
-    runs += [_run(tmp_path, f"weighted-s{i}", b) for i, b in enumerate([32.0, 33.0, 34.0])]
-    runs += [_run(tmp_path, f"weighted-fixed-s{i}", b) for i, b in enumerate([33.5, 34.5])]
+    runs = _seeds(
+        tmp_path,
+        transformer=[30.0, 31.0, 29.0],
+        weighted=[32.0, 33.0, 34.0],
+        weighted_fixed=[33.5, 34.5],
+    )
     pairs = [("weighted-fixed", "weighted"), ("weighted", "transformer")]  # the second: given
     table = seeds_test_table(runs, pairs)
     assert table is not None and table.title.endswith(", and the pairs asked")
