@@ -9,7 +9,10 @@ STAMP := $(VENV)/.installed
 # pytest-xdist workers, one a core, each test file whole on one worker (its module fixtures
 # built once); PYTEST_WORKERS=0 runs the tests in this process, one after another.
 PYTEST_WORKERS ?= auto
-PYTEST := $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+# Named corpora are found through WTNMT_DATA (yours, else ../shared/data when it is beside the
+# checkout), else downloaded; the demo and the tests on real corpora read it (empty: unset).
+WTNMT_DATA ?= $(if $(wildcard ../shared/data/tatoeba-deu-eng),$(abspath ../shared/data),)
+PYTEST := WTNMT_DATA="$(WTNMT_DATA)" $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 .PHONY: setup test test-slow test-avx2 lint format demo bench clean
 
@@ -50,9 +53,7 @@ format: setup
 	$(BIN)/ruff format src tests benchmarks
 	$(BIN)/ruff check --fix src tests benchmarks
 
-# The main job: Tatoeba en→de, 12 minutes of training, evaluation. Named corpora are found
-# through WTNMT_DATA (../shared/data when it is beside the checkout), else downloaded.
-WTNMT_DATA ?= $(if $(wildcard ../shared/data/tatoeba-deu-eng),$(abspath ../shared/data),)
+# The main job: Tatoeba en→de, 12 minutes of training, evaluation.
 MINUTES ?= 12
 
 demo: setup
