@@ -1,0 +1,108 @@
+"""`wtnmt prepare` on the command line: nothing a user gave it is replaced (a directory it did
+not make, a file, the current directory, a corpus used as prepared data), and a bad option is
+one line."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from test_data import write_corpus
+from wtnmt.cli import main as cli
+from wtnmt.data import DataError
+
+
+def _prepare_args(src: Path, tgt: Path, out: str) -> list[str]:
+    return [
+        "prepare", "--src", str(src), "--tgt", str(tgt), "--src-lang", "xx", "--tgt-lang", "yy",
+        "--vocab-size", "60", "--set", "data.valid_size=10", "--set", "data.test_size=10",
+        "--out", out,
+    ]  # fmt: skip
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*") if p.is_file()
+    }
+
+
+def test_prepare_refuses_to_replace_a_directory_it_did_not_make(tmp_path, capsys):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    src, tgt = write_corpus(corpus)
+    before = _snapshot(tmp_path)
+    assert cli(_prepare_args(src, tgt, str(corpus))) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"wtnmt prepare: error: {corpus}: this directory was not made by wtnmt prepare (it has "
+        f"no manifest.json of ours) and is not empty; refusing to replace it: give --out a new "
+        f"or empty directory\n"
+    )
+    assert _snapshot(tmp_path) == before  # the corpus is there, nothing added or hidden
+
+
+def test_prepare_refuses_a_file_and_the_current_directory(tmp_path, capsys, monkeypatch):
+    src, tgt = write_corpus(tmp_path)
+    before = _snapshot(tmp_path)
+    assert cli(_prepare_args(src, tgt, str(src))) == 2
+    assert capsys.readouterr().err == (
+        f"wtnmt prepare: error: {src}: is a file; --out names the directory to prepare into\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    assert cli(_prepare_args(src, tgt, ".")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "refusing to replace it" in err and str(tmp_path) in err
+    assert _snapshot(tmp_path) == before
+
+
+def test_prepare_fills_an_empty_directory_and_rebuilds_its_own(tmp_path):
+    src, tgt = write_corpus(tmp_path)
+    out = tmp_path / "empty"
+    out.mkdir()
+    assert cli(_prepare_args(src, tgt, str(out))) == 0
+    assert (out / "manifest.json").is_file()
+    assert cli([*_prepare_args(src, tgt, str(out)), "--force"]) == 0  # its own: replaced
+    assert not list(tmp_path.glob(".empty.*"))  # no temporary or old copy left behind
+
+
+def test_train_refuses_a_prepared_dir_that_is_the_users_corpus(tmp_path):
+    from helpers import tiny_run_config
+    from wtnmt.train import Trainer
+
+    config = tiny_run_config(tmp_path)  # writes the corpus files into tmp_path
+    config = dataclasses.replace(
+        config, data=dataclasses.replace(config.data, prepared_dir=str(tmp_path))
+    )
+    before = _snapshot(tmp_path)
+    with pytest.raises(DataError, match="was not made by wtnmt prepare"):
+        Trainer(config, tmp_path / "runs" / "r", log_to_stderr=False)
+    after = _snapshot(tmp_path)
+    assert {k: v for k, v in after.items() if not k.startswith("runs/")} == before
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--set", "data.max_words=2.5"], "data.max_words=2.5 is not allowed: expected int"),
+        (["--set", "data.max_tokens_per_side=x"], "data.max_tokens_per_side='x' is not allowed"),
+        (["--set", "data.no_such_key=1"], "unknown config key data.no_such_key"),
+        (["--corpus", "multi30k"], "--corpus and --src/--tgt name two sources of training data"),
+        (["--tsv", "pairs.tsv"], "--tsv and --src/--tgt name two sources of training data"),
+    ],
+)
+def test_prepare_options_are_validated_like_a_config(tmp_path, capsys, extra, message):
+    src, tgt = write_corpus(tmp_path)
+    assert cli([*_prepare_args(src, tgt, str(tmp_path / "out")), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("wtnmt prepare: error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_prepare_src_without_tgt_is_one_line(tmp_path, capsys):
+    src, _ = write_corpus(tmp_path)
+    assert cli(["prepare", "--src", str(src), "--out", str(tmp_path / "o")]) == 2
+    assert (
+        capsys.readouterr().err == "wtnmt prepare: error: --src and --tgt go together: give both\n"
+    )
