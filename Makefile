@@ -38,9 +38,9 @@ test-slow: setup
 
 # The model, training and decoding tests again on the kernels of a CPU with AVX2 only (no
 # AVX-512, no native bf16), so that a newer CPU checks the older path too.
-AVX2_TESTS := tests/test_model.py tests/test_branched.py tests/test_dropout.py tests/test_loss.py \
-	tests/test_train.py tests/test_resume.py tests/test_schedule.py tests/test_decode.py \
-	tests/test_translate.py tests/test_length_penalty.py \
+AVX2_TESTS := tests/test_model.py tests/test_model_cache.py tests/test_branched.py \
+	tests/test_dropout.py tests/test_loss.py tests/test_train.py tests/test_resume.py \
+	tests/test_schedule.py tests/test_decode.py tests/test_translate.py tests/test_length_penalty.py \
 	tests/test_quantize.py tests/test_prune.py tests/test_precision.py
 # On a CPU whose best kernels are AVX2 already, `make test` ran exactly these: said, not rerun.
 test-avx2: setup
