@@ -1,6 +1,7 @@
-"""The server's limits against what a client can send: bodies it cannot parse, text that is not
-Unicode, out-of-range seeds, attention maps too large to send, clients that send half a body
-and wait, keys outside ASCII; and one rule for n-best lists with the command line."""
+"""The server's limits against what a client can send: each bad request and the error that
+names it, bodies it cannot parse or too large, text that is not Unicode, out-of-range seeds,
+attention maps too large to send, clients that send half a body and wait, keys outside ASCII; and
+one rule for n-best lists with the command line."""
 
 from __future__ import annotations
 
@@ -43,6 +44,127 @@ def client(translator):
     app = create_app(translator, ServeSettings(max_attention_sentences=2))
     with TestClient(app, raise_server_exceptions=False) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def strict(translator):
+    """A server with small limits on sentences, characters and beam, for the named errors."""
+    with TestClient(
+        create_app(translator, ServeSettings(max_sentences=4, max_chars=60, max_beam=6))
+    ) as c:
+        yield c
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "detail", "extra"),
+    [
+        (
+            {"text": ["a"] * 5},
+            422,
+            "text has 5 sentences; at most 4 are accepted per request",
+            {"field": "text", "limit": 4},
+        ),
+        (
+            {"text": ["a", "b" * 61]},
+            422,
+            "text[1] has 61 characters; at most 60 are accepted per sentence",
+            {"field": "text", "index": 1, "limit": 60},
+        ),
+        (
+            {"text": "a", "beam": 0},
+            422,
+            "beam=0 is out of range: 1 to 6",
+            {"field": "beam", "limit": 6},
+        ),
+        (
+            {"text": "a", "beam": 7},
+            422,
+            "beam=7 is out of range: 1 to 6",
+            {"field": "beam", "limit": 6},
+        ),
+        (
+            {"text": "a", "beam": 2, "nbest": 3},
+            422,
+            "nbest=3 is out of range: 1 to the beam size (2)",
+            {"field": "nbest", "limit": 2},
+        ),
+        (
+            {"text": "a", "nbest": 0},
+            422,
+            "nbest=0 is out of range: 1 to the beam size (4)",
+            {"field": "nbest", "limit": 4},
+        ),
+        ({"text": 5}, 422, "text must be a string or a list of strings", {"field": "text"}),
+        (
+            {"text": ["a", 3]},
+            422,
+            "text must be a string or a list of strings; text[1] is not a string",
+            {"field": "text", "index": 1},
+        ),
+        (
+            {"text": "a", "beam": "5"},
+            422,
+            "beam: Input should be a valid integer (got '5')",
+            {"field": "beam"},
+        ),
+        (
+            {"text": "a", "attention": "yes"},
+            422,
+            "attention: Input should be a valid boolean (got 'yes')",
+            {"field": "attention"},
+        ),
+        (
+            {"text": "a", "branch_weights": "best"},
+            422,
+            "branch_weights: Input should be 'learned', 'uniform' or 'random' (got 'best')",
+            {"field": "branch_weights"},
+        ),
+        (
+            {"text": "a", "nbset": 2},
+            422,
+            "unknown field 'nbset'; the fields are: text, beam, nbest, branch_weights, seed, "
+            "attention",
+            {"field": "nbset"},
+        ),
+        ({"beam": 2}, 422, "the field 'text' is required", {"field": "text"}),
+        ([1, 2], 422, 'the request body must be a JSON object such as {"text": "Hello."}', {}),
+    ],
+)
+def test_every_bad_request_names_what_is_wrong(strict, body, status, detail, extra):
+    r = strict.post("/v1/translate", json=body)
+    assert (r.status_code, r.json()) == (status, {"detail": detail, **extra})
+
+
+def test_bad_json_and_oversized_bodies(translator, strict):
+    r = strict.post(
+        "/v1/translate", content=b'{"text": "a",', headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 422 and r.json()["detail"].startswith(
+        "the request body is not valid JSON"
+    )
+    with TestClient(create_app(translator, ServeSettings(max_body_bytes=100))) as small:
+        body = json.dumps({"text": "a" * 200}).encode()
+        r = small.post("/v1/translate", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 413
+        assert r.json() == {
+            "detail": f"request body has {len(body)} bytes; at most 100 are accepted",
+            "limit": 100,
+        }
+
+        def chunks():  # no Content-Length: the limit is found while reading
+            yield b'{"text": "'
+            yield b"a" * 200
+            yield b'"}'
+
+        r = small.post(
+            "/v1/translate", content=chunks(), headers={"content-type": "application/json"}
+        )
+        assert r.status_code == 413
+        assert r.json() == {
+            "detail": "request body has more bytes than that; at most 100 are accepted",
+            "limit": 100,
+        }
+        assert small.get("/health").status_code == 200  # and the server is still there
 
 
 @pytest.mark.parametrize(
