@@ -7,6 +7,7 @@ results.json already there:
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -110,8 +111,20 @@ def plot(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-if __name__ == "__main__":
-    out = Path(sys.argv[1])
-    data = json.loads((out / "results.json").read_text())
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="a sweep's folder, holding its results.json")
+    out = parser.parse_args().out
+    try:
+        data = json.loads((out / "results.json").read_text())
+    except (OSError, ValueError) as e:
+        print(f"prune_report: {out / 'results.json'}: cannot read it ({e})", file=sys.stderr)
+        return 2
     write_table(data, out / "results.md")
     plot(data, out / "bleu_vs_branches.png")
+    print(f"wrote {out}/results.md, bleu_vs_branches.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
