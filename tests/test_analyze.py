@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from PIL import Image
 
 from helpers import tiny_run_config
 from wtnmt.analysis.figures import frozen_from, loss_pairs
@@ -66,6 +67,7 @@ def test_analyze_draws_every_figure_and_the_numbers_are_the_recorded_ones(runs, 
     linked = re.findall(r"<img alt='[^']*' src='([^']+)'>", html)
     assert linked == [f["file"] for f in result["figures"]] and len(linked) == 6
     assert all((out / name).is_file() for name in linked) and "base64" not in html
+    assert all(Image.open(out / name).mode == "P" for name in linked)  # small enough to commit
     assert "http://" not in html and "https://" not in html  # nothing fetched
     summary = (out / "summary.md").read_text()
     rows = {r[0]: r for r in _markdown_table(summary, "Runs")}
