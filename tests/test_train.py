@@ -24,6 +24,7 @@ from helpers import (
 from wtnmt.data import ParallelData, Vocabulary
 from wtnmt.decode import greedy_search
 from wtnmt.errors import TrainingError
+from wtnmt.model import branch_weight_table
 from wtnmt.rundir import latest_checkpoint
 from wtnmt.runtime import cpu_has_native_bf16
 from wtnmt.train import Trainer
@@ -367,8 +368,17 @@ def test_a_failing_validation_keeps_the_training_so_far(tmp_path, monkeypatch):
 
 def test_the_metrics_end_with_the_last_step_whatever_log_every_is(tmp_path):
     config = tiny_run_config(tmp_path, train={"max_steps": 5, "log_every": 3, "valid_every": 10})
-    Trainer(config, tmp_path / "run", **QUIET).run()
+    trainer = Trainer(config, tmp_path / "run", **QUIET)
+    trainer.run()
     entries = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     logged = [e["step"] for e in entries if "loss" in e]
     assert logged == [3, 5]  # 5: the two updates after the last log line, at the stop
-    assert entries[-2]["branch_weights"]  # the final κ/α are there to draw
+    final = entries[-2]["branch_weights"]  # the final κ/α are there to draw, to 6 decimals
+    exact = branch_weight_table(trainer.model)
+    assert final.keys() == exact.keys() and len(exact) == 4
+    for layer, weights in exact.items():
+        for name, values in weights.items():
+            got = final[layer][name]
+            assert sum(got) == pytest.approx(1.0, abs=1e-5)
+            pairs = zip(got, values, strict=True)
+            assert all(abs(g - v) <= 5e-7 and round(g, 6) == g for g, v in pairs)
