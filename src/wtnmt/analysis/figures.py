@@ -32,11 +32,11 @@ def _save(fig, out_png: str | Path) -> Path:  # type: ignore[no-untyped-def]
 
 
 def write_palette_png(png: bytes, out_png: Path) -> None:
-    """Write the PNG ``png`` (as Agg draws it) again with 256 palette colours: a third of the
-    file or less (a Fig. 3 of 0.5 MB becomes about 160 KB), small enough to commit. A figure of
-    lines, text and a greyscale map has few colours but for the edges Agg smooths: on this
-    toolkit's figures the mean pixel moves by about 0.1 of 255 levels and 99 in 100 by at most
-    4; only some smoothed pixels where lines of two colours cross move further."""
+    """Write the PNG ``png`` (as Agg draws it) again with 256 palette colours: a third to two
+    fifths of the file (a Fig. 3 of 0.5 MB becomes about 160 KB), small enough to commit. A
+    figure of lines, text and a greyscale map has few colours but for the edges Agg smooths: on
+    this toolkit's figures the mean pixel moves by about 0.1 of 255 levels and 99 in 100 by at
+    most 4; only some smoothed pixels where lines of two colours cross move further."""
     from PIL import Image  # matplotlib's own dependency
 
     with Image.open(io.BytesIO(png)) as drawn:
