@@ -1,11 +1,12 @@
 """Typed, validated run configuration.
 
-A run config has four sections, each a frozen dataclass: ``data``, ``model``, ``train`` and
-``decode`` (:mod:`wtnmt.config.sections`), and a pruned model's record of how it was made,
-``prune`` (:mod:`wtnmt.config.pruning`). YAML files and presets are loaded with
-:func:`load_config` (:mod:`wtnmt.config.loading`); a bad key or value raises
-:class:`ConfigError` naming the dotted key, the value and what is allowed. Only the builders
-read these objects; modules receive explicit keyword arguments. Importing it imports no torch.
+A run config has four sections, each a frozen dataclass: ``data``, ``model``
+(:mod:`wtnmt.config.model`), ``train`` and ``decode`` (:mod:`wtnmt.config.sections`), and a
+pruned model's record of how it was made, ``prune`` (:mod:`wtnmt.config.pruning`). YAML files
+and presets are loaded with :func:`load_config` (:mod:`wtnmt.config.loading`); a bad key or
+value raises :class:`ConfigError` naming the dotted key, the value and what is allowed. Only
+the builders read these objects; modules receive explicit keyword arguments. Importing it
+imports no torch.
 """
 
 from wtnmt.config.loading import (
@@ -16,13 +17,13 @@ from wtnmt.config.loading import (
     parse_override,
     resolve_preset,
 )
+from wtnmt.config.model import ModelConfig
 from wtnmt.config.pruning import KeptBranches, PruneRecord
 from wtnmt.config.sections import (
     ConfigError,
     DataConfig,
     DecodeConfig,
     DisagreementConfig,
-    ModelConfig,
     RunConfig,
     TrainConfig,
 )

@@ -1,7 +1,8 @@
-"""The four sections of a run config, each a frozen dataclass that validates itself: every
-value is checked when a section is made, and a bad one raises :class:`ConfigError` naming the
-dotted key, the value and what is allowed. (A pruned model's ``model.kept_branches`` and
-``prune`` record are in config/pruning.py.)"""
+"""The sections of a run config, each a frozen dataclass that validates itself: every value is
+checked when a section is made, and a bad one raises :class:`ConfigError` naming the dotted
+key, the value and what is allowed. ``model`` is in config/model.py, a pruned model's
+``model.kept_branches`` and ``prune`` record in config/pruning.py, the checks in
+config/checks.py."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
+from wtnmt.config.checks import greater, positive, probability
 from wtnmt.config.errors import ConfigError
-from wtnmt.config.pruning import KeptBranches, PruneRecord
+from wtnmt.config.model import ModelConfig
+from wtnmt.config.pruning import PruneRecord
 
 _LANG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
@@ -20,109 +23,6 @@ _LANG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 # --------------------------------------------------------------------------------------------
 # Sections
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Architecture. Defaults are the Weighted Transformer (A) of the paper (Table 2)."""
-
-    attention: Literal["multihead", "branched"] = "branched"
-    encoder_layers: int = 6
-    decoder_layers: int = 6
-    d_model: int = 512
-    heads: int = 8  # = branches M when attention == "branched"
-    d_ff: int = 2048
-    dropout: float = 0.1  # residual dropout P_drop
-    attention_dropout: float = 0.1  # on the softmax output
-    activation_dropout: float = 0.0  # after the FFN's ReLU
-    norm: Literal["post", "pre"] = "post"
-    positions: Literal["sinusoidal", "learned"] = "sinusoidal"
-    max_positions: int = 1024
-    # W^Q, W^K, W^V start Xavier-uniform times this gain: 1 as tensor2tensor; fairseq's
-    # MultiheadAttention uses 1/√2 (0.7071…), "convergence much better" by its comment
-    qkv_init_gain: float = 1.0
-    # Weighted Transformer options (used when attention == "branched")
-    decoder_self_attention: Literal["multihead", "weighted"] = "multihead"
-    branch_ffn: Literal["split", "shared"] = "split"
-    # simplex: learned, as in the paper; fixed: κ = α = 1/M, never learned (a control)
-    branch_weights: Literal["simplex", "softmax", "topk", "fixed"] = "simplex"
-    branch_topk: int = 2  # k for branch_weights == "topk"
-    branch_init: Literal["random", "uniform"] = "random"
-    # a pruned model (`wtnmt prune`): per layer, the branches kept (null: all M)
-    kept_branches: KeptBranches | None = None
-    # Transparent attention (Bapna et al., 2018)
-    encoder_combination: Literal["top", "transparent"] = "top"
-    transparent_dropout: float = 0.1
-
-    def __post_init__(self) -> None:
-        _positive(self, "model", "encoder_layers", "decoder_layers", "d_model", "heads", "d_ff")
-        _positive(self, "model", "max_positions", "branch_topk")
-        _probability(self, "model", "dropout", "attention_dropout", "activation_dropout")
-        _probability(self, "model", "transparent_dropout")
-        _greater(self, "model", 0, "qkv_init_gain")
-        if self.d_model % self.heads:
-            raise ConfigError(
-                f"model.d_model={self.d_model} is not divisible by model.heads={self.heads}"
-            )
-        if self.d_model % 2:
-            raise ConfigError(f"model.d_model={self.d_model} must be even (sinusoidal positions)")
-        if self.attention == "branched" and self.branch_ffn == "split" and self.d_ff % self.heads:
-            raise ConfigError(
-                f"model.d_ff={self.d_ff} is not divisible by model.heads={self.heads}: "
-                "branch_ffn: split gives each of the M branches an FFN of width d_ff/M"
-            )
-        if self.attention == "multihead":  # options a Transformer would silently ignore
-            for name, default in _BRANCHED_ONLY.items():
-                if getattr(self, name) != default:
-                    raise ConfigError(
-                        f"model.{name}={getattr(self, name)!r} applies to the Weighted "
-                        f"Transformer only (model.attention: branched); this model has "
-                        f"model.attention: multihead"
-                    )
-        if self.branch_weights == "topk" and self.branch_topk > self.heads:
-            raise ConfigError(
-                f"model.branch_topk={self.branch_topk} exceeds the number of branches "
-                f"model.heads={self.heads}"
-            )
-
-        if self.kept_branches is not None:
-            self.kept_branches.check(
-                encoder_layers=self.encoder_layers,
-                decoder_layers=self.decoder_layers,
-                branches=self.heads,
-            )
-            if self.branch_weights not in ("simplex", "fixed"):
-                raise ConfigError(
-                    f"model.kept_branches: a pruned model's branch weights are simplex or "
-                    f"fixed, not model.branch_weights={self.branch_weights!r}"
-                )
-
-    @property
-    def branches(self) -> int:
-        return self.heads
-
-    def kept(self, side: Literal["encoder", "decoder"], layer: int) -> int:
-        """How many branches the branched sublayer of ``side``'s layer ``layer`` has."""
-        return len(self.branch_numbers(side, layer))
-
-    def branch_numbers(self, side: Literal["encoder", "decoder"], layer: int) -> list[int]:
-        """The numbers, from 1, that the branches of ``side``'s layer ``layer`` (encoder
-        self-attention, decoder cross-attention) had in the model as trained: 1…M unless
-        pruning removed some, so that a pruned model's branch 3 is the full model's branch 3."""
-        if self.kept_branches is None:
-            return list(range(1, self.heads + 1))
-        return [i + 1 for i in getattr(self.kept_branches, side)[layer]]
-
-
-# the Weighted Transformer's own options and their defaults
-_BRANCHED_ONLY = {
-    "decoder_self_attention": "multihead",
-    "branch_ffn": "split",
-    "branch_weights": "simplex",
-    "branch_topk": 2,
-    "branch_init": "random",
-    "kept_branches": None,
-}
 
 
 @dataclass(frozen=True)
@@ -159,12 +59,12 @@ class DataConfig:
     drop_duplicates: bool = True
 
     def __post_init__(self) -> None:
-        _positive(self, "data", "vocab_size", "valid_size", "test_size", "max_tokens_per_side")
-        _positive(self, "data", "spm_max_sentences")
+        positive(self, "data", "vocab_size", "valid_size", "test_size", "max_tokens_per_side")
+        positive(self, "data", "spm_max_sentences")
         if self.train_size is not None:
-            _positive(self, "data", "train_size")
+            positive(self, "data", "train_size")
         if self.max_words is not None:
-            _positive(self, "data", "max_words")
+            positive(self, "data", "max_words")
         if not 0.0 < self.character_coverage <= 1.0:
             raise ConfigError(
                 f"data.character_coverage={self.character_coverage} must be in (0, 1]"
@@ -288,13 +188,13 @@ class TrainConfig:
     disagreement: DisagreementConfig = field(default_factory=DisagreementConfig)
 
     def __post_init__(self) -> None:
-        _positive(self, "train", "max_tokens", "update_freq", "warmup", "branch_warmup")
-        _positive(self, "train", "log_every", "valid_every", "keep_checkpoints")
+        positive(self, "train", "max_tokens", "update_freq", "warmup", "branch_warmup")
+        positive(self, "train", "log_every", "valid_every", "keep_checkpoints")
         if self.freeze_branch_weights < 0:
             raise ConfigError(
                 f"train.freeze_branch_weights={self.freeze_branch_weights} must be >= 0"
             )
-        _probability(self, "train", "label_smoothing", "freeze_branch_fraction")
+        probability(self, "train", "label_smoothing", "freeze_branch_fraction")
         if self.warmup_fraction is not None:
             if not 0.0 < self.warmup_fraction < 1.0:
                 raise ConfigError(
@@ -305,9 +205,9 @@ class TrainConfig:
                     "train.warmup_fraction sets the warm-up of a run bounded by train.max_time "
                     "alone: set train.max_steps to null and train.max_time"
                 )
-        _positive(self, "train", "max_nonfinite")
+        positive(self, "train", "max_nonfinite")
         if self.save_every is not None:
-            _positive(self, "train", "save_every")
+            positive(self, "train", "save_every")
         if self.precision == "fp16" and self.device == "cpu":
             raise ConfigError("train.precision='fp16' needs a GPU: use 'bf16' on the CPU")
         if self.max_steps is None and self.max_epochs is None and self.max_time is None:
@@ -316,11 +216,11 @@ class TrainConfig:
         # zero budget "trains" nothing and reports success
         if isinstance(self.seed, bool) or not 0 <= self.seed < 2**31:
             raise ConfigError(f"train.seed={self.seed!r} must be an integer in [0, 2^31)")
-        _greater(self, "train", 0, "lr_scale", "adam_eps")
-        _greater(self, "train", 0, "clip_norm", "max_time", "peak_lr", optional=True)
+        greater(self, "train", 0, "lr_scale", "adam_eps")
+        greater(self, "train", 0, "clip_norm", "max_time", "peak_lr", optional=True)
         for name in ("max_steps", "max_epochs", "patience", "threads"):
             if getattr(self, name) is not None:
-                _positive(self, "train", name)
+                positive(self, "train", name)
         for i, beta in enumerate(self.adam_betas):
             if not 0.0 <= beta < 1.0:
                 raise ConfigError(f"train.adam_betas[{i}]={beta!r} must be in [0, 1)")
@@ -341,7 +241,7 @@ class DecodeConfig:
     batch_tokens: int = 4096
 
     def __post_init__(self) -> None:
-        _positive(self, "decode", "beam", "nbest", "batch_tokens")
+        positive(self, "decode", "beam", "nbest", "batch_tokens")
         if self.nbest > self.beam:
             raise ConfigError(f"decode.nbest={self.nbest} exceeds decode.beam={self.beam}")
         if not (math.isfinite(self.max_len_a) and self.max_len_a >= 0) or self.max_len_b < 0:
@@ -369,32 +269,3 @@ class RunConfig:
                 f"data.max_tokens_per_side={self.data.max_tokens_per_side} + 1 (the sentence "
                 f"and its BOS/EOS): raise the one or lower the other"
             )
-
-
-# --------------------------------------------------------------------------------------------
-# Validation helpers used by __post_init__
-# --------------------------------------------------------------------------------------------
-
-
-def _positive(obj: Any, section: str, *names: str) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if value <= 0:
-            raise ConfigError(f"{section}.{name}={value!r} must be a positive integer")
-
-
-def _greater(obj: Any, section: str, low: float, *names: str, optional: bool = False) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if optional and value is None:
-            continue
-        if not (math.isfinite(value) and value > low):  # NaN and inf fail too
-            what = f"a finite number above {low}" + (", or null" if optional else "")
-            raise ConfigError(f"{section}.{name}={value!r} must be {what}")
-
-
-def _probability(obj: Any, section: str, *names: str) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if not 0.0 <= value < 1.0:
-            raise ConfigError(f"{section}.{name}={value!r} must be in [0, 1)")
