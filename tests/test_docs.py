@@ -97,6 +97,20 @@ def test_files_the_documents_name_exist():
     assert not missing, "named but not in the repository:\n" + "\n".join(missing)
 
 
+def test_every_committed_report_has_the_figures_it_shows():
+    """A report `wtnmt analyze` wrote under experiments/ keeps the figures its summary.md
+    shows beside it (the documents link these summaries)."""
+    reports = sorted((ROOT / "experiments").rglob("summary.md"))
+    assert len(reports) > 10
+    missing = [
+        f"{report.relative_to(ROOT)}: {name}"
+        for report in reports
+        for name in re.findall(r"!\[[^\]]*\]\(([^)#\s]+)\)", report.read_text(encoding="utf-8"))
+        if not (report.parent / name).exists()
+    ]
+    assert not missing, "shown but not in the repository:\n" + "\n".join(missing)
+
+
 def test_no_document_points_outside_the_repository():
     for path in DOCUMENTS:
         text = path.read_text(encoding="utf-8")
