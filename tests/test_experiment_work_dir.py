@@ -13,7 +13,7 @@ from test_experiment import write_grid
 from wtnmt.cli import main
 from wtnmt.config import ConfigError
 from wtnmt.experiment import in_work_dir, load_grid, plan_task
-from wtnmt.experiment.pack import RESULT_FILES, run_result_files
+from wtnmt.experiment.pack import RESULT_FILES, keep_interrupted_curve, run_result_files
 
 
 def _files(run: Path) -> dict[str, bytes]:
@@ -155,3 +155,75 @@ def test_a_run_the_cap_stopped_goes_on_under_a_grid_with_a_larger_cap(tmp_path, 
     assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
     # the capped grid's copy is as it was
     assert json.loads((first.results_dir / "finished.json").read_text())["step"] == 6
+
+
+def test_a_stopped_runs_curve_is_kept_beside_the_results_and_other_tries_are_left(tmp_path):
+    """A work directory can be lost with its machine: a run stopped before it finished leaves
+    its config and curve in the grid's interrupted/, as <run>.tryN.*; a later stop of the same
+    attempt updates its copy, a new attempt takes the next N, nothing else there changes."""
+    grid = in_work_dir(load_grid(write_grid(tmp_path, seeds=[1])), tmp_path / "scratch")
+    spec = grid.runs[0]
+    assert keep_interrupted_curve(spec) is None  # nothing trained yet
+    spec.run_dir.mkdir(parents=True)
+    (spec.run_dir / "config.yaml").write_text("seed: 1\n")
+    metrics = spec.run_dir / "metrics.jsonl"
+    metrics.write_text('{"step": 2}\n')
+    where = spec.results_dir.parent / "interrupted"
+    where.mkdir(parents=True)
+    theirs = '{"step": 2}\n{"step": 4, "a lost attempt": 1}\n'
+    (where / "weighted-s1.try1.config.yaml").write_text("seed: 1\n")
+    (where / "weighted-s1.try1.metrics.jsonl").write_text(theirs)
+    (where / "weighted-s10.try7.metrics.jsonl").write_text("another run's\n")
+
+    kept = keep_interrupted_curve(spec)
+    assert kept == where / "weighted-s1.try2.metrics.jsonl"
+    assert kept.read_text() == '{"step": 2}\n'
+    assert (where / "weighted-s1.try2.config.yaml").read_text() == "seed: 1\n"
+    metrics.write_text('{"step": 2}\n{"step": 4}\n')  # resumed, stopped again
+    assert keep_interrupted_curve(spec) == kept and kept.read_text() == metrics.read_text()
+    metrics.write_text('{"step": 2, "from the start": 1}\n')  # its work directory lost
+    assert keep_interrupted_curve(spec) == where / "weighted-s1.try3.metrics.jsonl"
+    assert kept.read_text() == '{"step": 2}\n{"step": 4}\n'
+    assert (where / "weighted-s1.try1.metrics.jsonl").read_text() == theirs
+    assert (where / "weighted-s10.try7.metrics.jsonl").read_text() == "another run's\n"
+
+    (spec.run_dir / "finished.json").write_text("{}")  # past training: scored, not stopped
+    assert keep_interrupted_curve(spec) is None
+    in_place = load_grid(write_grid(tmp_path, seeds=[1])).runs[0]  # its curve is there
+    assert keep_interrupted_curve(in_place) is None
+    assert sorted(p.name for p in where.iterdir()) == [
+        *(f"weighted-s1.try{n}.{f}" for n in (1, 2, 3) for f in ("config.yaml", "metrics.jsonl")),
+        "weighted-s10.try7.metrics.jsonl",
+    ]
+
+
+def test_the_runner_keeps_the_curve_of_a_run_it_stops(tmp_path):
+    """Ctrl-C, then --stop-after on the resumed run: one try, brought up to date."""
+    from wtnmt.experiment import run_grid
+
+    path = write_grid(tmp_path, seeds=[1], analyze=False, budget={"max_steps": 10**6})
+    grid = in_work_dir(load_grid(path), tmp_path / "scratch")
+    spec = grid.runs[0]
+    metrics = spec.run_dir / "metrics.jsonl"
+    said: list[str] = []
+
+    def say(line: str) -> None:  # Ctrl-C once the run has logged two rows, then listen
+        said.append(line)
+        if "interrupted" not in "".join(said) and metrics.is_file():
+            if metrics.read_text().count("\n") >= 2:
+                said.append("interrupted here")
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_grid(grid, say=say, progress_every=0.2)
+    kept = spec.results_dir.parent / "interrupted" / "weighted-s1.try1.metrics.jsonl"
+    assert any(f"weighted-s1: its curve so far kept as {kept}" in line for line in said), said
+    first = kept.read_bytes()
+    assert first == metrics.read_bytes() and first.count(b"\n") >= 2
+
+    assert run_grid(grid, say=said.append, stop_after=3) == {"weighted-s1": "paused"}
+    assert kept.read_bytes() == metrics.read_bytes() and kept.read_bytes().startswith(first)
+    assert sorted(p.name for p in kept.parent.iterdir()) == [
+        "weighted-s1.try1.config.yaml",
+        "weighted-s1.try1.metrics.jsonl",
+    ]

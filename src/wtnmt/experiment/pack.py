@@ -23,6 +23,7 @@ from pathlib import Path
 
 from wtnmt.config import ConfigError
 from wtnmt.experiment.grid import Grid, RunSpec
+from wtnmt.experiment.plan import FINISHED
 from wtnmt.rundir import atomic_write
 
 RESULT_FILES = ("config.yaml", "finished.json", "scores.json", "metrics.jsonl")
@@ -60,6 +61,55 @@ def copy_results(spec: RunSpec) -> int:
         atomic_write(target, data)
         changed += 1
     return changed
+
+
+def keep_interrupted_curve(spec: RunSpec) -> Path | None:
+    """A run trained in a work directory and stopped before it finished: its config and curve
+    copied beside the grid's results, as ``interrupted/<run>.tryN.config.yaml`` and
+    ``….tryN.metrics.jsonl``, since a work directory can be lost with its machine. The copy
+    an earlier stop of the same attempt made (the same config, a curve this one goes on from)
+    is brought up to date; any other try there, one a person wrote too, is left as it is and
+    this one takes the next N. Returns the copied curve's path, or None where nothing was
+    kept (a run trained where the grid puts it, one past training, or one that has logged
+    nothing)."""
+    if spec.results_dir is None or (spec.run_dir / FINISHED).is_file():
+        return None
+    config, metrics = spec.run_dir / "config.yaml", spec.run_dir / "metrics.jsonl"
+    if not (config.is_file() and metrics.is_file()):
+        return None
+    settings, curve = config.read_bytes(), metrics.read_bytes()
+    if not curve:
+        return None
+    where = spec.results_dir.parent / "interrupted"
+    pattern = re.compile(re.escape(spec.name) + r"\.try(\d+)\.metrics\.jsonl")
+    tries = sorted(
+        int(found[1])
+        for path in (where.iterdir() if where.is_dir() else ())
+        if (found := pattern.fullmatch(path.name))
+    )
+    number = next(
+        (n for n in tries if _continues(where / f"{spec.name}.try{n}", settings, curve)),
+        (tries[-1] if tries else 0) + 1,
+    )
+    stem = where / f"{spec.name}.try{number}"
+    where.mkdir(parents=True, exist_ok=True)
+    for suffix, data in ((".config.yaml", settings), (".metrics.jsonl", curve)):
+        target = stem.with_name(stem.name + suffix)
+        if not (target.is_file() and target.read_bytes() == data):
+            atomic_write(target, data)
+    return stem.with_name(stem.name + ".metrics.jsonl")
+
+
+def _continues(stem: Path, settings: bytes, curve: bytes) -> bool:
+    """Whether the try at ``stem`` is an earlier stop of this attempt."""
+    config = stem.with_name(stem.name + ".config.yaml")
+    metrics = stem.with_name(stem.name + ".metrics.jsonl")
+    return (
+        config.is_file()
+        and config.read_bytes() == settings
+        and metrics.is_file()
+        and curve.startswith(metrics.read_bytes())
+    )
 
 
 def _name(path: Path) -> str:
@@ -139,6 +189,7 @@ def pack_results(grid: Grid, out: Path, *, max_bytes: int, max_files: int) -> li
 __all__ = [
     "RESULT_FILES",
     "copy_results",
+    "keep_interrupted_curve",
     "pack_results",
     "plan_archives",
     "result_files",

@@ -1,7 +1,8 @@
 """`wtnmt experiment FILE`: train a grid's runs, a few at once, each in its own process; skip
 the finished ones, resume the interrupted ones (what is left to do with each: ``plan``), score
 each on the test split, then analyze. A run trained in a work directory (``--work-dir``)
-copies its small results to where the grid puts it when it finishes.
+copies its small results to where the grid puts it when it finishes, and its curve so far to
+the grid's ``interrupted/`` when it is stopped before that.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from wtnmt.config import config_to_dict
 from wtnmt.experiment.grid import Grid, RunSpec
-from wtnmt.experiment.pack import copy_results
+from wtnmt.experiment.pack import copy_results, keep_interrupted_curve
 from wtnmt.experiment.plan import FINISHED, Task, plan_task
 from wtnmt.experiment.progress import Budget, Sightings, progress_line
 from wtnmt.runtime import EMULATED_BF16_WARNING, bf16_emulated
@@ -95,6 +96,14 @@ def copy_finished_results(spec: RunSpec, say) -> None:  # type: ignore[no-untype
     """Copy a run's small results from its work directory, saying so when a file changed."""
     if spec.results_dir is not None and spec.run_dir.is_dir() and copy_results(spec):
         say(f"  {spec.name}: results copied to {spec.results_dir} (no weights)")
+
+
+def _keep_curve(spec: RunSpec, say) -> None:  # type: ignore[no-untyped-def]
+    """A run stopped before it finished, trained in a work directory: its curve so far copied
+    where the grid's results are, saying where."""
+    kept = keep_interrupted_curve(spec)
+    if kept is not None:
+        say(f"  {spec.name}: its curve so far kept as {kept} (checkpoints in {spec.run_dir})")
 
 
 def _last_line(run_dir: Path) -> str:
@@ -202,6 +211,8 @@ def _stop_training(  # type: ignore[no-untyped-def]
     _stop(training)
     for name in [*training, *(t.spec.name for t in pending)]:
         outcome[name] = "paused"
+    for task, _ in training.values():
+        _keep_curve(task.spec, say)
     left = f"; left to finish scoring: {', '.join(scoring)}" if scoring else ""
     say(
         f"[{time.strftime('%H:%M:%S')}] stopped as asked (--stop-after): "
@@ -263,6 +274,7 @@ def _run_tasks(  # type: ignore[no-untyped-def]
                         f"[{time.strftime('%H:%M:%S')}] {name}: interrupted; run "
                         f"`{grid.again}` again to resume it"
                     )
+                    _keep_curve(task.spec, say)
                 else:
                     outcome[name] = f"failed: {_last_line(task.spec.run_dir)}"
                     say(
@@ -271,6 +283,8 @@ def _run_tasks(  # type: ignore[no-untyped-def]
                     )
     except KeyboardInterrupt:
         _stop(running)
+        for task, _ in running.values():
+            _keep_curve(task.spec, say)
         say(f"interrupted: run `{grid.again}` again to resume")
         raise
     return outcome
