@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,28 @@ def test_every_committed_report_has_the_figures_it_shows():
         if not (report.parent / name).exists()
     ]
     assert not missing, "shown but not in the repository:\n" + "\n".join(missing)
+
+
+def test_committed_experiments_stay_lean():
+    """What experiments/ commits is small results: no file over 1 MB, no weights or
+    checkpoints, no self-contained HTML (`wtnmt analyze` writes report.html again)."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z", "experiments"], cwd=ROOT, capture_output=True, check=True
+        ).stdout.decode()
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: which files are committed is not known")
+    files = [ROOT / name for name in listed.split("\0") if name]
+    assert len(files) > 100
+    sizes = {p.relative_to(ROOT): p.stat().st_size for p in files if p.is_file()}
+    big = [f"{name}: {size:,} bytes" for name, size in sizes.items() if size > 1_000_000]
+    heavy = [
+        str(name)
+        for name in sizes
+        if name.suffix in {".safetensors", ".pt", ".bin", ".onnx"} or name.name == "report.html"
+    ]
+    assert not big, "over 1 MB:\n" + "\n".join(big)
+    assert not heavy, "weights or HTML committed:\n" + "\n".join(heavy)
 
 
 def test_no_document_points_outside_the_repository():
