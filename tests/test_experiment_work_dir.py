@@ -197,6 +197,34 @@ def test_a_stopped_runs_curve_is_kept_beside_the_results_and_other_tries_are_lef
     ]
 
 
+def test_a_pack_gives_a_stopped_run_as_its_curve_in_interrupted(tmp_path, monkeypatch):
+    """`tar xzf` of a pack must not leave a run directory without its checkpoints where the
+    grid puts the run: a run stopped before it finished comes back as its curve."""
+    import tarfile
+
+    from wtnmt.experiment.pack import pack_results
+
+    monkeypatch.chdir(tmp_path)
+    grid = in_work_dir(load_grid(write_grid(Path("."), seeds=[1, 2])), tmp_path / "scratch")
+    stopped, finished = grid.runs
+    for spec in grid.runs:
+        spec.run_dir.mkdir(parents=True)
+        (spec.run_dir / "config.yaml").write_text(f"{spec.name}\n")
+        (spec.run_dir / "metrics.jsonl").write_text('{"step": 2}\n')
+    (finished.run_dir / "finished.json").write_text("{}")
+    pack_results(grid, Path("out"), max_bytes=60_000, max_files=8)
+    with tarfile.open(next(Path("out").glob("results-*.tar.gz"))) as tar:
+        packed = {name: tar.extractfile(name).read() for name in tar.getnames()}  # type: ignore[union-attr]
+    assert packed == {
+        "runs/interrupted/weighted-s1.try1.config.yaml": b"weighted-s1\n",
+        "runs/interrupted/weighted-s1.try1.metrics.jsonl": b'{"step": 2}\n',
+        "runs/weighted-s2/config.yaml": b"weighted-s2\n",
+        "runs/weighted-s2/finished.json": b"{}",
+        "runs/weighted-s2/metrics.jsonl": b'{"step": 2}\n',
+    }
+    assert not stopped.results_dir.exists()
+
+
 def test_the_runner_keeps_the_curve_of_a_run_it_stops(tmp_path):
     """Ctrl-C, then --stop-after on the resumed run: one try, brought up to date."""
     from wtnmt.experiment import run_grid

@@ -6,10 +6,12 @@ committed).
 
 Each run directory of the grid gives what is committed of it: ``config.yaml``,
 ``finished.json``, ``scores.json``, ``metrics.jsonl`` and ``eval/`` (scores and decodings);
-never weights. The files are laid greedily into ``results-01.tar.gz``, ``results-02.tar.gz``,
-…, each at most ``max_bytes``, at most ``max_files`` of them, paths as the grid names them
-(``tar xzf`` in the same working directory puts every file back where it was). What cannot fit
-is refused before anything is written, naming the largest file and the room asked.
+never weights. A run trained in a work directory and stopped before it finished gives its
+curve instead, as ``interrupted/<run>.tryN.*`` beside the grid's results. The files are laid
+greedily into ``results-01.tar.gz``, ``results-02.tar.gz``, …, each at most ``max_bytes``, at
+most ``max_files`` of them, paths as the grid names them (``tar xzf`` in the same working
+directory puts every file back where it was). What cannot fit is refused before anything is
+written, naming the largest file and the room asked.
 """
 
 from __future__ import annotations
@@ -148,14 +150,25 @@ def plan_archives(files: list[Path], *, max_bytes: int, max_files: int) -> list[
     return [g for g in groups if g]
 
 
+def _packed(spec: RunSpec) -> dict[Path, Path]:
+    """What a run gives the archives, each file with the path it is put back at: a run trained
+    in a work directory as where the grid puts it, or, stopped before it finished, as its
+    curve in the grid's ``interrupted/`` (``keep_interrupted_curve``), never as a run
+    directory without its checkpoints."""
+    files = run_result_files(spec.run_dir)
+    if spec.results_dir is None:
+        return {path: path for path in files}
+    kept = keep_interrupted_curve(spec)
+    if kept is not None:
+        config = kept.with_name(kept.name.removesuffix("metrics.jsonl") + "config.yaml")
+        return {config: config, kept: kept}
+    return {path: spec.results_dir / path.relative_to(spec.run_dir) for path in files}
+
+
 def pack_results(grid: Grid, out: Path, *, max_bytes: int, max_files: int) -> list[Path]:
     """Write the archives of ``grid``'s results into ``out`` (made if needed; archives of an
     earlier pack there are replaced, nothing else); returns their paths."""
-    names = {  # a run trained in a work directory is packed as where the grid puts it
-        path: _name(spec.results_dir / path.relative_to(spec.run_dir) if spec.results_dir else path)
-        for spec in grid.runs
-        for path in run_result_files(spec.run_dir)
-    }
+    names = {path: _name(name) for spec in grid.runs for path, name in _packed(spec).items()}
     groups = plan_archives(list(names), max_bytes=max_bytes, max_files=max_files)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--pack {out}: is a file; --pack names a directory")
