@@ -175,14 +175,17 @@ def test_a_stopped_runs_curve_is_kept_beside_the_results_and_other_tries_are_lef
     (where / "weighted-s1.try1.metrics.jsonl").write_text(theirs)
     (where / "weighted-s10.try7.metrics.jsonl").write_text("another run's\n")
 
-    kept = keep_interrupted_curve(spec)
-    assert kept == where / "weighted-s1.try2.metrics.jsonl"
+    config, kept = keep_interrupted_curve(spec)
+    assert (config, kept) == tuple(
+        where / f"weighted-s1.try2.{f}" for f in ("config.yaml", "metrics.jsonl")
+    )
     assert kept.read_text() == '{"step": 2}\n'
-    assert (where / "weighted-s1.try2.config.yaml").read_text() == "seed: 1\n"
+    assert config.read_text() == "seed: 1\n"
     metrics.write_text('{"step": 2}\n{"step": 4}\n')  # resumed, stopped again
-    assert keep_interrupted_curve(spec) == kept and kept.read_text() == metrics.read_text()
+    assert keep_interrupted_curve(spec) == (config, kept)
+    assert kept.read_text() == metrics.read_text()
     metrics.write_text('{"step": 2, "from the start": 1}\n')  # its work directory lost
-    assert keep_interrupted_curve(spec) == where / "weighted-s1.try3.metrics.jsonl"
+    assert keep_interrupted_curve(spec)[1] == where / "weighted-s1.try3.metrics.jsonl"
     assert kept.read_text() == '{"step": 2}\n{"step": 4}\n'
     assert (where / "weighted-s1.try1.metrics.jsonl").read_text() == theirs
     assert (where / "weighted-s10.try7.metrics.jsonl").read_text() == "another run's\n"

@@ -53,27 +53,35 @@ def copy_results(spec: RunSpec) -> int:
     returns how many files changed."""
     if spec.results_dir is None:
         return 0
-    changed = 0
-    for path in run_result_files(spec.run_dir):
-        target = spec.results_dir / path.relative_to(spec.run_dir)
-        data = path.read_bytes()
-        if target.is_file() and target.read_bytes() == data:
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(target, data)
-        changed += 1
-    return changed
+    return sum(
+        _write_if_changed(spec.results_dir / path.relative_to(spec.run_dir), path.read_bytes())
+        for path in run_result_files(spec.run_dir)
+    )
 
 
-def keep_interrupted_curve(spec: RunSpec) -> Path | None:
+def _write_if_changed(target: Path, data: bytes) -> bool:
+    """Write ``data`` to ``target`` (atomically, its folder made) unless it holds them."""
+    if target.is_file() and target.read_bytes() == data:
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(target, data)
+    return True
+
+
+def _try_files(where: Path, run: str, number: int) -> tuple[Path, Path]:
+    """The config and the curve of try ``number`` of ``run`` kept in ``where``."""
+    return where / f"{run}.try{number}.config.yaml", where / f"{run}.try{number}.metrics.jsonl"
+
+
+def keep_interrupted_curve(spec: RunSpec) -> tuple[Path, Path] | None:
     """A run trained in a work directory and stopped before it finished: its config and curve
     copied beside the grid's results, as ``interrupted/<run>.tryN.config.yaml`` and
     ``….tryN.metrics.jsonl``, since a work directory can be lost with its machine. The copy
     an earlier stop of the same attempt made (the same config, a curve this one goes on from)
     is brought up to date; any other try there, one a person wrote too, is left as it is and
-    this one takes the next N. Returns the copied curve's path, or None where nothing was
-    kept (a run trained where the grid puts it, one past training, or one that has logged
-    nothing)."""
+    this one takes the next N. Returns the copies' paths (config, curve), or None where
+    nothing was kept (a run trained where the grid puts it, one past training, or one that has
+    logged nothing)."""
     if spec.results_dir is None or (spec.run_dir / FINISHED).is_file():
         return None
     config, metrics = spec.run_dir / "config.yaml", spec.run_dir / "metrics.jsonl"
@@ -90,22 +98,18 @@ def keep_interrupted_curve(spec: RunSpec) -> Path | None:
         if (found := pattern.fullmatch(path.name))
     )
     number = next(
-        (n for n in tries if _continues(where / f"{spec.name}.try{n}", settings, curve)),
+        (n for n in tries if _continues(_try_files(where, spec.name, n), settings, curve)),
         (tries[-1] if tries else 0) + 1,
     )
-    stem = where / f"{spec.name}.try{number}"
-    where.mkdir(parents=True, exist_ok=True)
-    for suffix, data in ((".config.yaml", settings), (".metrics.jsonl", curve)):
-        target = stem.with_name(stem.name + suffix)
-        if not (target.is_file() and target.read_bytes() == data):
-            atomic_write(target, data)
-    return stem.with_name(stem.name + ".metrics.jsonl")
+    kept = _try_files(where, spec.name, number)
+    for target, data in zip(kept, (settings, curve), strict=True):
+        _write_if_changed(target, data)
+    return kept
 
 
-def _continues(stem: Path, settings: bytes, curve: bytes) -> bool:
-    """Whether the try at ``stem`` is an earlier stop of this attempt."""
-    config = stem.with_name(stem.name + ".config.yaml")
-    metrics = stem.with_name(stem.name + ".metrics.jsonl")
+def _continues(kept: tuple[Path, Path], settings: bytes, curve: bytes) -> bool:
+    """Whether the try ``kept`` (config, curve) is an earlier stop of this attempt."""
+    config, metrics = kept
     return (
         config.is_file()
         and config.read_bytes() == settings
@@ -160,8 +164,7 @@ def _packed(spec: RunSpec) -> dict[Path, Path]:
         return {path: path for path in files}
     kept = keep_interrupted_curve(spec)
     if kept is not None:
-        config = kept.with_name(kept.name.removesuffix("metrics.jsonl") + "config.yaml")
-        return {config: config, kept: kept}
+        return {path: path for path in kept}
     return {path: spec.results_dir / path.relative_to(spec.run_dir) for path in files}
 
 

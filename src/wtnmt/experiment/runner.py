@@ -103,7 +103,7 @@ def _keep_curve(spec: RunSpec, say) -> None:  # type: ignore[no-untyped-def]
     where the grid's results are, saying where."""
     kept = keep_interrupted_curve(spec)
     if kept is not None:
-        say(f"  {spec.name}: its curve so far kept as {kept} (checkpoints in {spec.run_dir})")
+        say(f"  {spec.name}: its curve so far kept as {kept[1]} (checkpoints in {spec.run_dir})")
 
 
 def _last_line(run_dir: Path) -> str:
