@@ -124,3 +124,19 @@ def test_projection_of_huge_values_does_not_fail():
     w = project_simplex(v)
     assert torch.isfinite(w).all() and (w >= 0).all()
     assert w.tolist() == [[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0]]
+
+
+def test_project_branch_weights_matches_projecting_each_vector_alone():
+    # the vectors are projected as the rows of one stacked matrix (fewer operations an
+    # update): the oracle is the projection of each vector alone, to the bit
+    config = ModelConfig(attention="branched", encoder_layers=3, decoder_layers=2, d_model=24,
+                         heads=4, d_ff=48, decoder_self_attention="weighted")  # fmt: skip
+    model = build_model(config, vocab_size=20)
+    vectors = [p for m in model.modules() if isinstance(m, BranchWeights) for p in m.parameters()]
+    with torch.no_grad():
+        for p in vectors:
+            p.normal_(0.25, 0.5)
+    expected = [project_simplex(p.detach().clone()) for p in vectors]
+    assert project_branch_weights(model) == len(vectors) == 2 * (3 + 2 * 2)
+    for p, want in zip(vectors, expected, strict=True):
+        assert torch.equal(p.detach(), want)
