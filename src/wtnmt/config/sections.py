@@ -185,6 +185,11 @@ class TrainConfig:
     patience_on: Literal["best_metric", "loss_or_bleu"] = "best_metric"
     valid_bleu: bool = True  # BLEU of greedy decoding of the dev set at each validation
     threads: int | None = None
+    # torch.compile the model's training forward (dynamic shapes; validation and decoding stay
+    # eager): for a small model on a GPU, whose update the host's work paces rather than the
+    # GPU's. Slower on a CPU. The same recipe, but not the same run: compiled dropout draws
+    # from another random stream, and fused kernels round differently
+    compile: bool = False
     disagreement: DisagreementConfig = field(default_factory=DisagreementConfig)
 
     def __post_init__(self) -> None:

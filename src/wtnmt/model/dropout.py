@@ -74,7 +74,14 @@ class _ResidualMaskedScale(torch.autograd.Function):
 
 
 def _cheap(x: Tensor, p: float) -> bool:
-    return fast_paths() and x.device.type == "cpu" and 0.0 < p < 1.0
+    # not under torch.compile, which fuses the plain form itself (its masks come from its own
+    # generator, and an in-place random_ would break its graph)
+    return (
+        fast_paths()
+        and x.device.type == "cpu"
+        and 0.0 < p < 1.0
+        and not torch.compiler.is_compiling()
+    )
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:

@@ -129,8 +129,11 @@ class PackedLinear:
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)`` for training: through oneDNN (forward and the input's
     gradient; the weight's gradient is one MKL matmul) on CPU in float32, outside autocast,
-    where the build has it; ``F.linear`` otherwise."""
-    if not (fast_paths() and _cpu_float32(x, weight) and onednn_available()):
+    where the build has it; ``F.linear`` otherwise, and under torch.compile (whose fake
+    tensors the oneDNN weight reorder does not run on)."""
+    if torch.compiler.is_compiling() or not (
+        fast_paths() and _cpu_float32(x, weight) and onednn_available()
+    ):
         return F.linear(x, weight, bias)
     if x.dim() == 2:
         return _OneDNNLinear.apply(x, weight, bias)

@@ -38,6 +38,7 @@ class TrainingLoop:
             f"training {sum(p.numel() for p in self.model.parameters()):,} parameters "
             f"on {self.device} ({self.world} process{'es' if self.world > 1 else ''}) in "
             f"{self._precision_label()}, {len(self.train_data):,} training pairs"
+            + (" (forward compiled: train.compile)" if tc.compile else "")
         )
         if bf16_emulated(self.precision, self.device.type):
             self.log(EMULATED_BF16_WARNING)

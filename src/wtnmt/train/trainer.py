@@ -116,6 +116,10 @@ class Trainer(TrainingLoop):
         self.ddp: nn.Module = self.model
         if self.world > 1:
             self.ddp = nn.parallel.DistributedDataParallel(self.model)
+        # what an update calls forward (train.compile: a compiled ddp, sharing its weights)
+        self.forward: nn.Module = self.ddp
+        if self.tc.compile:
+            self.forward = torch.compile(self.ddp, dynamic=True)  # type: ignore[assignment]
         self.scaler = torch.amp.GradScaler(enabled=self.precision == "fp16")
         self.state = TrainState()
         torch.manual_seed(self.tc.seed + self.rank)  # dropout differs across ranks
@@ -249,6 +253,7 @@ class Trainer(TrainingLoop):
         learner = Learner(
             model=self.model,
             ddp=self.ddp,
+            forward=self.forward,
             optimizer=self.optimizer,
             scaler=self.scaler,
             device=self.device,

@@ -24,10 +24,12 @@ from wtnmt.special import PAD
 @dataclass(frozen=True)
 class Learner:
     """What an update works with: the model (and its DDP wrapper, the same module when there
-    is one process), the optimizer and loss scaler, where it runs and in what precision."""
+    is one process; ``forward``, what the update calls, is that wrapper or its compiled form),
+    the optimizer and loss scaler, where it runs and in what precision."""
 
     model: nn.Module
     ddp: nn.Module
+    forward: nn.Module
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     device: torch.device
@@ -64,9 +66,9 @@ def update(learner: Learner, batches: list[Batch], *, want_ratio: bool = False) 
         real = tgt_out.ne(PAD)
         with context, learner.autocast():
             ratio_here = want_ratio and i == 0
-            out = learner.ddp(
-                src, tgt_in, logits_mask=real, need_internals=need_internals or ratio_here
-            )
+            # r_t reads gradients at inner states, which a compiled graph does not keep
+            net = learner.ddp if ratio_here else learner.forward
+            out = net(src, tgt_in, logits_mask=real, need_internals=need_internals or ratio_here)
             loss_tok, nll_tok = label_smoothed_cross_entropy(
                 out.logits, tgt_out[real], epsilon=learner.config.label_smoothing
             )
