@@ -1,5 +1,5 @@
-"""The training loop: updates over the epochs' batches until a stop condition, and what
-follows each update (κ/α's projection, the log line, validation, checkpoints). A part of
+"""The training loop: updates (each with κ/α's projection) over the epochs' batches until a
+stop condition, and what follows each update (the log line, validation, checkpoints). A part of
 :class:`~wtnmt.train.trainer.Trainer`, kept here so that the loop reads on its own; it uses
 the trainer's model, state, config, report and the methods named in its docstring."""
 
@@ -14,7 +14,6 @@ import torch.distributed as dist
 
 from wtnmt import interrupt
 from wtnmt.errors import TrainingError
-from wtnmt.model import project_branch_weights
 from wtnmt.runtime import EMULATED_BF16_WARNING, bf16_emulated
 from wtnmt.train.report import progress_bar
 from wtnmt.train.schedule import CALIBRATION_STEPS, fitted_warmup, refit_due
@@ -76,21 +75,20 @@ class TrainingLoop:
         return s
 
     def _step(self, group: list, budget: int | None, progress: Any) -> None:  # type: ignore[type-arg]
-        """One update and what follows it: κ/α's projection, the counters, the log line, a
-        validation and a checkpoint when they are due. A non-finite update is skipped."""
+        """One update (κ/α projected unless frozen) and what follows it: the counters, the log
+        line, a validation and a checkpoint when they are due. A non-finite update is skipped."""
         s, tc = self.state, self.tc
         start = time.perf_counter()
         frozen = self._frozen(budget)
         self._lrs = self._set_lr(frozen, budget)
         want_ratio = tc.grad_ratio and (s.step + 1) % tc.log_every == 0
         try:
-            result = self.update([self.train_data.collate(i) for i in group], want_ratio=want_ratio)
+            batches = [self.train_data.collate(i) for i in group]
+            result = self.update(batches, want_ratio=want_ratio, project=not frozen)
         except FloatingPointError as e:
             self._skip_nonfinite(e, len(group))
             return
         s.nonfinite_run = 0
-        if not frozen and self.config.model.branch_weights != "softmax":
-            project_branch_weights(self.model)
         s.step += 1
         s.batch_in_epoch += len(group)
         s.elapsed += time.perf_counter() - start

@@ -27,7 +27,7 @@ from wtnmt.data import Batch, ParallelData, Vocabulary, plan_batches, prepare
 from wtnmt.data.corpora import sha256_of
 from wtnmt.data.vocab import vocabulary_sha256
 from wtnmt.errors import TrainingError
-from wtnmt.model import BranchWeights, build_model
+from wtnmt.model import BranchWeights, build_model, project_branch_weights
 from wtnmt.rundir import RunDirectory, latest_checkpoint, save_weights
 from wtnmt.runtime import bound_onednn_caches, resolve_precision
 from wtnmt.train.loop import TrainingLoop
@@ -248,8 +248,12 @@ class Trainer(TrainingLoop):
             self.optimizer.param_groups[1]["lr"] = lr_b
         return lr, lr_b
 
-    def update(self, batches: list[Batch], *, want_ratio: bool = False) -> UpdateResult:
-        """One optimizer update over ``batches`` (see ``train.update``)."""
+    def update(
+        self, batches: list[Batch], *, want_ratio: bool = False, project: bool = True
+    ) -> UpdateResult:
+        """One optimizer update over ``batches`` (see ``train.update``), then, with
+        ``project`` (κ, α not frozen), κ and α's projection onto the simplex: what a training
+        step does, which the benchmarks time through this method."""
         learner = Learner(
             model=self.model,
             ddp=self.ddp,
@@ -261,7 +265,10 @@ class Trainer(TrainingLoop):
             config=self.tc,
             autocast=self._autocast,
         )
-        return update(learner, batches, want_ratio=want_ratio)
+        result = update(learner, batches, want_ratio=want_ratio)
+        if project and self.config.model.branch_weights != "softmax":
+            project_branch_weights(self.model)
+        return result
 
     # ---------------------------------------------------------------------------------------
     # Validation
