@@ -31,8 +31,8 @@ def _updates(tmp_path, *, compile: bool, precision: str = "fp32"):  # type: igno
     # the last asks for r_t, whose gradients at inner states only the eager forward keeps
     results = [trainer.update([b], want_ratio=i == 3) for i, b in enumerate(batches)]
     assert results[-1].ratio is not None and results[-1].ratio > 0
-    losses = [r.loss for r in results] + [results[-1].ratio]
-    return losses, {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    figures = [r.loss for r in results] + [results[-1].ratio]
+    return figures, {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
 
 
 def _check(tmp_path, precision: str, tolerance: float) -> None:  # type: ignore[no-untyped-def]
@@ -48,8 +48,8 @@ def _check(tmp_path, precision: str, tolerance: float) -> None:  # type: ignore[
     # it went through the compiler, in a few graphs (the model's data-dependent branches split
     # it), not in a graph for each batch shape
     assert 0 < counters["stats"]["unique_graphs"] <= 8, dict(counters["stats"])
-    for step, (a, b) in enumerate(zip(eager[0], compiled[0], strict=True)):
-        assert abs(a - b) <= tolerance * abs(a), (step, a, b)
+    for i, (a, b) in enumerate(zip(eager[0], compiled[0], strict=True)):  # losses, then r_t
+        assert abs(a - b) <= tolerance * abs(a), (i, a, b)
     for name, weight in eager[1].items():
         torch.testing.assert_close(compiled[1][name], weight, rtol=tolerance, atol=tolerance)
 
