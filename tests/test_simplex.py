@@ -6,8 +6,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import tiny_run_config
 from wtnmt.config import ModelConfig
 from wtnmt.model import BranchWeights, build_model, project_branch_weights, project_simplex
+from wtnmt.train import Trainer
 
 vectors = st.lists(
     st.floats(min_value=-50, max_value=50, allow_nan=False, allow_infinity=False),
@@ -140,3 +142,22 @@ def test_project_branch_weights_matches_projecting_each_vector_alone():
     assert project_branch_weights(model) == len(vectors) == 2 * (3 + 2 * 2)
     for p, want in zip(vectors, expected, strict=True):
         assert torch.equal(p.detach(), want)
+
+
+def test_a_trainer_update_projects_unless_told_the_weights_are_frozen(tmp_path):
+    # the benchmarks time a training step through Trainer.update: the projection is part of it
+    trainer = Trainer(tiny_run_config(tmp_path), tmp_path / "run", log_to_stderr=False)
+    batch = trainer.train_data.collate(list(range(8)))
+    vectors = [
+        p for m in trainer.model.modules() if isinstance(m, BranchWeights) for p in m.parameters()
+    ]
+
+    def off_simplex() -> float:
+        return max(abs(float(p.detach().sum()) - 1) for p in vectors)
+
+    for group in trainer.optimizer.param_groups:  # (the loop sets it, from 0 in warm-up)
+        group["lr"] = 0.01
+    trainer.update([batch], project=False)
+    assert off_simplex() > 1e-4  # Adam moved them off
+    trainer.update([batch])
+    assert off_simplex() < 1e-6 and all(bool((p >= 0).all()) for p in vectors)
