@@ -30,7 +30,8 @@ from pathlib import Path
 
 def profile(trainer, batches, steps: int, label: str) -> None:  # type: ignore[no-untyped-def]
     """``steps`` updates of ``trainer`` under torch.profiler: the wall time a step, the
-    device's busy time a step where it is a GPU, and the operators with the most host time."""
+    operators it dispatches, the device's busy time a step where it is a GPU, and the
+    operators with the most host time."""
     import torch
     from torch.profiler import ProfilerActivity
 
@@ -44,7 +45,18 @@ def profile(trainer, batches, steps: int, label: str) -> None:  # type: ignore[n
             torch.cuda.synchronize()
         wall = (time.perf_counter() - start) / steps
     events = prof.key_averages()
-    line = f"{label}: {1000 * wall:.1f} ms a step under the profiler"
+    # what paces a step bound by the host: the operators it dispatches (those called by
+    # another operator, a view inside a reshape say, not counted)
+    top = [
+        e
+        for e in prof.events()
+        if e.name.startswith("aten::")
+        and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))
+    ]
+    line = (
+        f"{label}: {1000 * wall:.1f} ms a step under the profiler, "
+        f"{len(top) / steps:,.0f} top-level operators a step"
+    )
     if cuda:
         busy = sum(e.self_device_time_total for e in events) / 1000 / steps
         line += f", the GPU busy {busy:.1f} ms of it ({len(events)} operator kinds)"
