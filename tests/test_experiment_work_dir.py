@@ -8,10 +8,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from test_experiment import write_grid
 from wtnmt.cli import main
-from wtnmt.config import ConfigError
+from wtnmt.config import ConfigError, config_to_dict, load_config
 from wtnmt.experiment import in_work_dir, load_grid, plan_task
 from wtnmt.experiment.pack import RESULT_FILES, keep_interrupted_curve, run_result_files
 
@@ -258,3 +259,27 @@ def test_the_runner_keeps_the_curve_of_a_run_it_stops(tmp_path):
         "weighted-s1.try1.config.yaml",
         "weighted-s1.try1.metrics.jsonl",
     ]
+
+
+def test_a_resumed_run_whose_config_gained_a_key_updates_its_try(tmp_path):
+    # a resumed run writes its config.yaml with every key of the day: a key added to wtnmt
+    # since the last stop (at its default) is the same attempt, not a new try
+    grid = in_work_dir(load_grid(write_grid(tmp_path, seeds=[1])), tmp_path / "scratch")
+    spec = grid.runs[0]
+    spec.run_dir.mkdir(parents=True)
+    values = config_to_dict(load_config("weighted-tiny"))
+    now = yaml.safe_dump(values)
+    del values["train"]["compile"]
+    then = yaml.safe_dump(values)
+    (spec.run_dir / "config.yaml").write_text(now)
+    (spec.run_dir / "metrics.jsonl").write_text('{"step": 2}\n{"step": 4}\n')
+    where = spec.results_dir.parent / "interrupted"
+    where.mkdir(parents=True)
+    (where / "weighted-s1.try1.config.yaml").write_text(then)
+    (where / "weighted-s1.try1.metrics.jsonl").write_text('{"step": 2}\n')
+    config, kept = keep_interrupted_curve(spec)
+    assert kept == where / "weighted-s1.try1.metrics.jsonl"
+    assert kept.read_text() == '{"step": 2}\n{"step": 4}\n' and config.read_text() == now
+    values["train"]["seed"] = 99  # another setting is another attempt
+    (where / "weighted-s1.try1.config.yaml").write_text(yaml.safe_dump(values))
+    assert keep_interrupted_curve(spec)[1] == where / "weighted-s1.try2.metrics.jsonl"

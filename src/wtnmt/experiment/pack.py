@@ -23,10 +23,13 @@ import re
 import tarfile
 from pathlib import Path
 
+import yaml
+
 from wtnmt.config import ConfigError
 from wtnmt.experiment.grid import Grid, RunSpec
 from wtnmt.experiment.plan import FINISHED
 from wtnmt.rundir import atomic_write
+from wtnmt.rundir.run import with_defaults
 
 RESULT_FILES = ("config.yaml", "finished.json", "scores.json", "metrics.jsonl")
 _ENTRY = 1024  # a tar header and padding, and a margin for gzip's framing
@@ -112,10 +115,24 @@ def _continues(kept: tuple[Path, Path], settings: bytes, curve: bytes) -> bool:
     config, metrics = kept
     return (
         config.is_file()
-        and config.read_bytes() == settings
+        and _same_settings(config.read_bytes(), settings)
         and metrics.is_file()
         and curve.startswith(metrics.read_bytes())
     )
+
+
+def _same_settings(kept: bytes, settings: bytes) -> bool:
+    """The same bytes, or the same settings once keys added to wtnmt since are filled in at
+    their defaults (a resumed run writes its config.yaml with every key of the day)."""
+    if kept == settings:
+        return True
+    try:
+        before, after = yaml.safe_load(kept), yaml.safe_load(settings)
+    except yaml.YAMLError:
+        return False
+    if not (isinstance(before, dict) and isinstance(after, dict)):
+        return False
+    return with_defaults(before) == with_defaults(after)
 
 
 def _name(path: Path) -> str:
