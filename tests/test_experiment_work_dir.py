@@ -280,6 +280,9 @@ def test_a_resumed_run_whose_config_gained_a_key_updates_its_try(tmp_path):
     config, kept = keep_interrupted_curve(spec)
     assert kept == where / "weighted-s1.try1.metrics.jsonl"
     assert kept.read_text() == '{"step": 2}\n{"step": 4}\n' and config.read_text() == now
+    values["train"]["max_steps"] = 10**6  # a larger budget: the runner resumes the run
+    (where / "weighted-s1.try1.config.yaml").write_text(yaml.safe_dump(values))
+    assert keep_interrupted_curve(spec)[1] == kept
     values["train"]["seed"] = 99  # another setting is another attempt
     (where / "weighted-s1.try1.config.yaml").write_text(yaml.safe_dump(values))
     assert keep_interrupted_curve(spec)[1] == where / "weighted-s1.try2.metrics.jsonl"

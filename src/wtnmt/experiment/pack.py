@@ -27,7 +27,7 @@ import yaml
 
 from wtnmt.config import ConfigError
 from wtnmt.experiment.grid import Grid, RunSpec
-from wtnmt.experiment.plan import FINISHED
+from wtnmt.experiment.plan import FINISHED, run_differences
 from wtnmt.rundir import atomic_write
 from wtnmt.rundir.run import with_defaults
 
@@ -122,8 +122,9 @@ def _continues(kept: tuple[Path, Path], settings: bytes, curve: bytes) -> bool:
 
 
 def _same_settings(kept: bytes, settings: bytes) -> bool:
-    """The same bytes, or the same settings once keys added to wtnmt since are filled in at
-    their defaults (a resumed run writes its config.yaml with every key of the day)."""
+    """The same bytes, or settings under which the runner resumes one run from the other
+    (``run_differences``: keys added to wtnmt since at their defaults, budget and threads
+    aside); a resumed run writes its config.yaml with every key of the day."""
     if kept == settings:
         return True
     try:
@@ -132,7 +133,10 @@ def _same_settings(kept: bytes, settings: bytes) -> bool:
         return False
     if not (isinstance(before, dict) and isinstance(after, dict)):
         return False
-    return with_defaults(before) == with_defaults(after)
+    try:
+        return not run_differences(with_defaults(before), with_defaults(after))
+    except (KeyError, TypeError, AttributeError):  # not a run's config: a file a person wrote
+        return False
 
 
 def _name(path: Path) -> str:

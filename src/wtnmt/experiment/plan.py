@@ -99,7 +99,7 @@ def plan_task(spec: RunSpec, grid: Grid, *, record: bool = False) -> Task | None
     if found is None and not marker.is_file():
         return Task(spec, train=True, resume=False, evaluate=evaluate)
     recorded = with_defaults(_recorded_config(spec.run_dir) or {})
-    differences = _differences(recorded, asked)
+    differences = run_differences(recorded, asked)
     if differences:
         raise ConfigError(
             f"{spec.run_dir}: trained with other settings than {grid.path} asks "
@@ -141,7 +141,7 @@ def _check_results_dir(spec: RunSpec, asked: dict[str, Any]) -> None:
             f"without --work-dir, or move them away"
         )
     recorded = _recorded_config(results)
-    differences = [] if recorded is None else _differences(with_defaults(recorded), asked)
+    differences = [] if recorded is None else run_differences(with_defaults(recorded), asked)
     if differences:
         raise ConfigError(
             f"{results}: holds the results of a run with other settings than "
@@ -157,8 +157,9 @@ def write_finished(run_dir: Path, state: dict[str, Any]) -> None:
     atomic_write(run_dir / FINISHED, (json.dumps(fields, indent=2) + "\n").encode())
 
 
-def _differences(recorded: dict[str, Any], asked: dict[str, Any]) -> list[str]:
-    """The settings a recorded run differs in from the run asked (its budget aside)."""
+def run_differences(recorded: dict[str, Any], asked: dict[str, Any]) -> list[str]:
+    """The settings a recorded run differs in from the run asked (its budget and thread count
+    aside): where there are none, the run asked goes on from the recorded one."""
     return config_differences(recorded, asked) + _train_differences(recorded, asked)
 
 
@@ -191,4 +192,12 @@ def scored(run_dir: Path, evaluate: dict[str, Any]) -> bool:
     ) == evaluate.get("average")
 
 
-__all__ = ["BUDGET", "FINISHED", "Task", "plan_task", "scored", "write_finished"]
+__all__ = [
+    "BUDGET",
+    "FINISHED",
+    "Task",
+    "plan_task",
+    "run_differences",
+    "scored",
+    "write_finished",
+]
