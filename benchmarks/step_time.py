@@ -21,7 +21,7 @@ import torch
 
 from wtnmt.config import load_config
 from wtnmt.loss import label_smoothed_cross_entropy
-from wtnmt.model import build_model
+from wtnmt.model import build_model, real_positions
 from wtnmt.model.branched import BranchedAttention
 from wtnmt.model.reference import UnfusedBranchedAttention
 from wtnmt.runtime import machine_line, tune_cpu_allocator
@@ -63,12 +63,13 @@ def step_fn(model, src, tgt_in, tgt_out):
     for group in optimizer.param_groups:
         group["lr"] = 1e-4
 
-    real = tgt_out.ne(PAD)  # [B, T]
-    target = tgt_out[real]  # [N]
+    at = real_positions(tgt_out)  # [N] in the flattened [B·T]
+    target = tgt_out.flatten()[at]  # [N]
+    padded = bool(src.eq(PAD).any())
 
     def step() -> None:
         # the training loss: logits at real target positions, fused label-smoothed CE
-        logits = model(src, tgt_in, logits_mask=real).logits  # [N, V]
+        logits = model(src, tgt_in, logits_at=at, src_padded=padded).logits  # [N, V]
         loss_sum, _ = label_smoothed_cross_entropy(logits, target, epsilon=0.1)
         loss = loss_sum.sum() / target.numel()
         optimizer.zero_grad(set_to_none=True)

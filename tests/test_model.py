@@ -17,6 +17,7 @@ from wtnmt.model import (
     build_model,
     count_parameters,
     override_branch_weights,
+    real_positions,
 )
 from wtnmt.special import BOS, PAD
 
@@ -263,14 +264,32 @@ def test_build_model_rejects_a_vocabulary_without_room_for_padding():
         build_model(tiny(), vocab_size=0)
 
 
-def test_logits_mask_selects_positions_of_the_full_logits():
+def test_logits_at_selects_the_real_positions_of_the_full_logits():
     model = make("weighted")
     src, tgt = batch()
     real = tgt.ne(PAD)
+    assert not real.all()  # padding to leave out
     full = model(src, tgt).logits
-    selected = model(src, tgt, logits_mask=real).logits
+    selected = model(src, tgt, logits_at=real_positions(tgt)).logits
     assert selected.shape == (int(real.sum()), V)
     torch.testing.assert_close(selected, full[real], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["weighted", "transformer-post"])
+def test_src_padded_from_the_caller_is_what_the_model_finds(kind):
+    # told whether a source is padded, the model computes what it computes when it looks;
+    # told wrongly that a padded batch is not, it attends to the padding (so the value is used)
+    model = make(kind)
+    src, tgt = batch()
+    assert src.eq(PAD).any()
+    found = model(src, tgt).logits
+    torch.testing.assert_close(model(src, tgt, src_padded=True).logits, found, rtol=0, atol=0)
+    assert not torch.allclose(model(src, tgt, src_padded=False).logits, found)
+    unpadded = src[:, :3]
+    assert not unpadded.eq(PAD).any()
+    torch.testing.assert_close(
+        model(unpadded, tgt, src_padded=False).logits, model(unpadded, tgt).logits, rtol=0, atol=0
+    )
 
 
 def test_packed_output_projection_is_the_plain_one_and_follows_updates():

@@ -45,9 +45,12 @@ def _check(tmp_path, precision: str, tolerance: float) -> None:  # type: ignore[
         compiled = _updates(tmp_path / "compiled", compile=True, precision=precision)
     finally:
         torch._dynamo.reset()  # no compiled code kept for the tests after this one
-    # it went through the compiler, in a few graphs (the model's data-dependent branches split
-    # it), not in a graph for each batch shape
-    assert 0 < counters["stats"]["unique_graphs"] <= 8, dict(counters["stats"])
+    # it went through the compiler whole, with nothing read back from the device to break it
+    # (whether a source is padded and where the real targets are come from the host), in a
+    # graph for each path a batch can take (padded or not; queries short or long, attention's
+    # two kernels), not one for each batch shape
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert 0 < counters["stats"]["unique_graphs"] <= 4, dict(counters["stats"])
     for i, (a, b) in enumerate(zip(eager[0], compiled[0], strict=True)):  # losses, then r_t
         assert abs(a - b) <= tolerance * abs(a), (i, a, b)
     for name, weight in eager[1].items():

@@ -17,7 +17,7 @@ from wtnmt.model.outputs import (
 )
 from wtnmt.model.packed import decoding_mode, quantize_decoding
 from wtnmt.model.simplex import project_simplex
-from wtnmt.model.transformer import DecoderCache, Seq2Seq, count_parameters
+from wtnmt.model.transformer import DecoderCache, Seq2Seq, count_parameters, real_positions
 
 __all__ = [
     "AttentionInternals",
@@ -37,4 +37,5 @@ __all__ = [
     "project_branch_weights",
     "project_simplex",
     "quantize_decoding",
+    "real_positions",
 ]

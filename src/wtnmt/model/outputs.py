@@ -59,5 +59,5 @@ class ModelInternals:
 
 @dataclass(frozen=True)
 class ModelOutput:
-    logits: Tensor  # [B, T, V], or [N, V] at the positions of a logits_mask
+    logits: Tensor  # [B, T, V], or [N, V] at the positions of a logits_at
     internals: ModelInternals | None = None

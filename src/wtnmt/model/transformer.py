@@ -21,6 +21,7 @@ from wtnmt.model.embedding import Positions, TokenEmbedding
 from wtnmt.model.layers import DecoderLayer, EncoderLayer
 from wtnmt.model.outputs import AttentionInternals, EncoderOutput, ModelInternals, ModelOutput
 from wtnmt.model.transparent import TransparentCombination
+from wtnmt.special import PAD
 
 
 @dataclass
@@ -88,13 +89,19 @@ class Seq2Seq(nn.Module):
         return self.dropout(x) if self.training else x
 
     def encode(
-        self, src: Tensor, *, need_internals: bool = False, always_mask: bool = False
+        self,
+        src: Tensor,
+        *,
+        need_internals: bool = False,
+        always_mask: bool = False,
+        src_padded: bool | None = None,
     ) -> EncoderOutput:
         """src: [B, S] token ids, right-padded with pad_id. ``always_mask``: pass the padding
-        mask even where a batch has none (a graph exported for every batch, export/onnx)."""
+        mask even where a batch has none (a graph exported for every batch, export/onnx).
+        ``src_padded``: whether any source is padded, as forward() takes it."""
         src_pad = src.eq(self.pad_id)  # [B, S]
         # no mask where there is no padding: the fused kernel's path
-        key_pad = src_pad if always_mask or bool(src_pad.any()) else None
+        key_pad = src_pad if always_mask or _padded(src_pad, src_padded) else None
         x = self.embed(src)
         states, internals = [x], []
         for layer in self.encoder_layers:
@@ -121,10 +128,15 @@ class Seq2Seq(nn.Module):
         )
 
     def decode(
-        self, tgt_in: Tensor, enc: EncoderOutput, *, need_internals: bool = False
+        self,
+        tgt_in: Tensor,
+        enc: EncoderOutput,
+        *,
+        need_internals: bool = False,
+        src_padded: bool | None = None,
     ) -> tuple[Tensor, list[AttentionInternals], list[AttentionInternals]]:
         """Teacher-forced decoder: tgt_in [B, T] (starting with BOS) → final states [B, T, D]."""
-        key_pad = enc.src_pad if bool(enc.src_pad.any()) else None
+        key_pad = enc.src_pad if _padded(enc.src_pad, src_padded) else None
         x = self.embed(tgt_in)
         self_ints, cross_ints = [], []
         for layer, memory in zip(self.decoder_layers, enc.memories, strict=True):
@@ -142,18 +154,30 @@ class Seq2Seq(nn.Module):
         tgt_in: Tensor,
         *,
         need_internals: bool = False,
-        logits_mask: Tensor | None = None,
+        logits_at: Tensor | None = None,
+        src_padded: bool | None = None,
     ) -> ModelOutput:
         """src [B, S], tgt_in [B, T] → logits [B, T, V] of the next tokens.
 
-        With ``logits_mask`` [B, T] (True at the positions a loss reads, typically the real
-        target tokens), logits are [N, V] for those N positions only: the output projection is
-        the largest matmul of a small model, and padding need not pay for it.
+        With ``logits_at`` [N] (positions in the flattened [B·T] target that a loss reads,
+        typically its real tokens: ``real_positions(tgt_out)``), logits are [N, V] for those N
+        positions only: the output projection is the largest matmul of a small model, and
+        padding need not pay for it.
+
+        ``src_padded``: whether any source is padded, where the caller knows it without asking
+        the device (a training batch, on the host). Asked here (None), it is one value read
+        back from the device, where a GPU's host waits for the queued kernels and a compiled
+        graph breaks: ``logits_at`` and ``src_padded`` from the host leave the forward
+        nothing that depends on the data, so a compiled forward is one graph.
         """
-        enc = self.encode(src, need_internals=need_internals)
-        states, self_ints, cross_ints = self.decode(tgt_in, enc, need_internals=need_internals)
-        if logits_mask is not None:
-            states = states[logits_mask]  # [N, D]
+        if src_padded is None:  # asked once for the encoder and the decoder
+            src_padded = bool(src.eq(self.pad_id).any())
+        enc = self.encode(src, need_internals=need_internals, src_padded=src_padded)
+        states, self_ints, cross_ints = self.decode(
+            tgt_in, enc, need_internals=need_internals, src_padded=src_padded
+        )
+        if logits_at is not None:
+            states = states.flatten(0, 1).index_select(0, logits_at)  # [N, D]
         logits = self.embedding.logits(states)
         if not need_internals:
             return ModelOutput(logits=logits)
@@ -231,9 +255,21 @@ class Seq2Seq(nn.Module):
         return self.embedding.logits(x[:, 0])  # [N, V]
 
 
+def _padded(src_pad: Tensor, known: bool | None) -> bool:
+    """Whether any source is padded: ``known``, else read from ``src_pad``."""
+    return bool(src_pad.any()) if known is None else known
+
+
+def real_positions(tgt: Tensor, pad_id: int = PAD) -> Tensor:
+    """The positions of ``tgt``'s [B, T] real tokens in its flattened [B·T] form, in order
+    (what forward()'s ``logits_at`` takes): found where ``tgt`` is, so a batch's, found on the
+    host, leaves the device nothing to wait for."""
+    return tgt.flatten().ne(pad_id).nonzero().squeeze(1)
+
+
 def count_parameters(model: nn.Module) -> int:
     """Trainable parameters, each shared tensor counted once."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-__all__ = ["DecoderCache", "Seq2Seq", "count_parameters"]
+__all__ = ["DecoderCache", "Seq2Seq", "count_parameters", "real_positions"]

@@ -17,6 +17,7 @@ from wtnmt.config import TrainConfig
 from wtnmt.data import Batch
 from wtnmt.disagreement import disagreement
 from wtnmt.loss import label_smoothed_cross_entropy
+from wtnmt.model import real_positions
 from wtnmt.model.packed import weights_updated
 from wtnmt.special import PAD
 
@@ -62,15 +63,24 @@ def update(learner: Learner, batches: list[Batch], *, want_ratio: bool = False) 
         sync = i == len(batches) - 1 or learner.world == 1
         context = nullcontext() if sync else learner.ddp.no_sync()  # type: ignore[operator]
         src, tgt_in = batch.src.to(learner.device), batch.tgt_in.to(learner.device)
-        tgt_out = batch.tgt_out.to(learner.device)
-        real = tgt_out.ne(PAD)
+        # what depends on the data is found on the host, where the batch is: on a GPU, the
+        # host then queues the whole forward and backward without waiting for the device
+        at = real_positions(batch.tgt_out).to(learner.device)
+        target = batch.tgt_out.flatten().to(learner.device).index_select(0, at)
+        padded = bool(batch.src.eq(PAD).any())
         with context, learner.autocast():
             ratio_here = want_ratio and i == 0
             # r_t reads gradients at inner states, which a compiled graph does not keep
             net = learner.ddp if ratio_here else learner.forward
-            out = net(src, tgt_in, logits_mask=real, need_internals=need_internals or ratio_here)
+            out = net(
+                src,
+                tgt_in,
+                logits_at=at,
+                src_padded=padded,
+                need_internals=need_internals or ratio_here,
+            )
             loss_tok, nll_tok = label_smoothed_cross_entropy(
-                out.logits, tgt_out[real], epsilon=learner.config.label_smoothing
+                out.logits, target, epsilon=learner.config.label_smoothing
             )
             loss = loss_tok.sum()
             if need_internals:

@@ -14,6 +14,7 @@ from wtnmt.config import DecodeConfig
 from wtnmt.data import Batch, ParallelData, Vocabulary, plan_batches
 from wtnmt.data.io import decode_lines, read_bytes
 from wtnmt.loss import label_smoothed_cross_entropy
+from wtnmt.model import real_positions
 from wtnmt.special import PAD
 
 
@@ -61,12 +62,14 @@ def validate(
     hyps = [""] * len(data)
     for indices in plan.batches:
         b = data.collate(indices)
-        real = b.tgt_out.ne(PAD).to(device)
+        at = real_positions(b.tgt_out).to(device)  # found on the host, as in training
+        src_padded = bool(b.src.eq(PAD).any())
         with autocast():
-            logits = model(b.src.to(device), b.tgt_in.to(device), logits_mask=real).logits
-        loss, nll = label_smoothed_cross_entropy(
-            logits, b.tgt_out.to(device)[real], epsilon=label_smoothing
-        )
+            logits = model(
+                b.src.to(device), b.tgt_in.to(device), logits_at=at, src_padded=src_padded
+            ).logits
+        target = b.tgt_out.flatten().to(device).index_select(0, at)
+        loss, nll = label_smoothed_cross_entropy(logits, target, epsilon=label_smoothing)
         loss_sum, nll_sum = loss_sum + float(loss.sum()), nll_sum + float(nll.sum())
         tokens += b.target_tokens
         if want_bleu:
