@@ -17,6 +17,7 @@ import torch
 
 from helpers import tiny_run_config
 from wtnmt.data import plan_batches
+from wtnmt.special import PAD
 from wtnmt.train import Trainer
 
 
@@ -80,3 +81,36 @@ def test_the_joint_forward_backward_graph_makes_the_eager_updates(tmp_path, monk
 @pytest.mark.skipif(shutil.which("g++") is None, reason="inductor needs a C++ compiler on CPU")
 def test_inductor_kernels_make_the_eager_updates(tmp_path):
     _check(tmp_path, "fp32", tolerance=1e-5)
+
+
+def test_with_dropout_a_compiled_forward_is_a_graph_for_padded_batches_and_one_for_others(
+    tmp_path, monkeypatch
+):
+    # as the grids train: attention dropout takes the query length out of the attention's
+    # choice of kernel, so that short and long targets share a graph (a graph is a compile:
+    # on a GPU, tens of seconds of a session's few minutes)
+    from torch._dynamo.utils import counters
+
+    from wtnmt.model.attention_math import _SHORT_QUERIES
+
+    _backend(monkeypatch, "eager")
+    dropout = {"dropout": 0.1, "attention_dropout": 0.1}
+    config = tiny_run_config(tmp_path, model=dropout, train={"compile": True})
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        trainer = Trainer(config, tmp_path / "run", log_to_stderr=False)
+        data = trainer.train_data
+        plan = plan_batches(data.src_lengths, data.tgt_lengths, max_tokens=300, seed=1, epoch=0)
+        batches = [data.collate(i) for i in plan.batches]
+        padded = {bool(b.src.eq(PAD).any()) for b in batches}
+        short = {b.tgt_in.size(1) <= _SHORT_QUERIES for b in batches}
+        assert padded == short == {True, False}  # every path a batch could take, taken
+        for b in batches:
+            trainer.update([b])
+        graphs = counters["stats"]["unique_graphs"]
+        breaks = dict(counters["graph_break"])
+    finally:
+        torch._dynamo.reset()
+    assert not breaks, breaks
+    assert graphs == 2, graphs

@@ -90,8 +90,10 @@ def attend(
     # run here.
     if causal and key_pad is not None:  # pragma: no cover - the model never asks for both
         raise ValueError("attend: causal attention with a key padding mask is not supported")
-    # under plain_math (an export, a debugger) always the math path: eq. 1 as written
-    fused = fast_paths() and (q.size(-2) > _SHORT_QUERIES or dropout_p > 0)
+    # under plain_math (an export, a debugger) always the math path: eq. 1 as written. The
+    # dropout first: a compiled training forward (with attention dropout) then does not
+    # depend on the query length, and compiles one graph for short and long targets alike
+    fused = fast_paths() and (dropout_p > 0 or q.size(-2) > _SHORT_QUERIES)
     if (
         fused
         and q.device.type == "cpu"
