@@ -65,8 +65,9 @@ def update(learner: Learner, batches: list[Batch], *, want_ratio: bool = False) 
         src, tgt_in = batch.src.to(learner.device), batch.tgt_in.to(learner.device)
         # what depends on the data is found on the host, where the batch is: on a GPU, the
         # host then queues the whole forward and backward without waiting for the device
-        at = real_positions(batch.tgt_out).to(learner.device)
-        target = batch.tgt_out.flatten().to(learner.device).index_select(0, at)
+        at = real_positions(batch.tgt_out)
+        target = batch.tgt_out.flatten()[at].to(learner.device)
+        at = at.to(learner.device)
         padded = bool(batch.src.eq(PAD).any())
         with context, learner.autocast():
             ratio_here = want_ratio and i == 0

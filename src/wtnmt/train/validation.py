@@ -62,13 +62,16 @@ def validate(
     hyps = [""] * len(data)
     for indices in plan.batches:
         b = data.collate(indices)
-        at = real_positions(b.tgt_out).to(device)  # found on the host, as in training
+        at = real_positions(b.tgt_out)  # found on the host, as in training
+        target = b.tgt_out.flatten()[at].to(device)
         src_padded = bool(b.src.eq(PAD).any())
         with autocast():
             logits = model(
-                b.src.to(device), b.tgt_in.to(device), logits_at=at, src_padded=src_padded
+                b.src.to(device),
+                b.tgt_in.to(device),
+                logits_at=at.to(device),
+                src_padded=src_padded,
             ).logits
-        target = b.tgt_out.flatten().to(device).index_select(0, at)
         loss, nll = label_smoothed_cross_entropy(logits, target, epsilon=label_smoothing)
         loss_sum, nll_sum = loss_sum + float(loss.sum()), nll_sum + float(nll.sum())
         tokens += b.target_tokens
