@@ -87,8 +87,8 @@ def test_with_dropout_a_compiled_forward_is_a_graph_for_padded_batches_and_one_f
     tmp_path, monkeypatch
 ):
     # as the grids train: attention dropout takes the query length out of the attention's
-    # choice of kernel, so that short and long targets share a graph (a graph is a compile:
-    # on a GPU, tens of seconds of a session's few minutes)
+    # choice of kernel, so that short and long targets share a graph (each graph is a compile,
+    # paid out of a GPU session's few minutes)
     from torch._dynamo.utils import counters
 
     from wtnmt.model.attention_math import _SHORT_QUERIES
