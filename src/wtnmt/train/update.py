@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -62,24 +63,12 @@ def update(learner: Learner, batches: list[Batch], *, want_ratio: bool = False) 
     for i, batch in enumerate(batches):
         sync = i == len(batches) - 1 or learner.world == 1
         context = nullcontext() if sync else learner.ddp.no_sync()  # type: ignore[operator]
-        src, tgt_in = batch.src.to(learner.device), batch.tgt_in.to(learner.device)
-        # what depends on the data is found on the host, where the batch is: on a GPU, the
-        # host then queues the whole forward and backward without waiting for the device
-        at = real_positions(batch.tgt_out)
-        target = batch.tgt_out.flatten()[at].to(learner.device)
-        at = at.to(learner.device)
-        padded = bool(batch.src.eq(PAD).any())
+        inputs, target = teacher_forced(batch, learner.device)
         with context, learner.autocast():
             ratio_here = want_ratio and i == 0
             # r_t reads gradients at inner states, which a compiled graph does not keep
             net = learner.ddp if ratio_here else learner.forward
-            out = net(
-                src,
-                tgt_in,
-                logits_at=at,
-                src_padded=padded,
-                need_internals=need_internals or ratio_here,
-            )
+            out = net(**inputs, need_internals=need_internals or ratio_here)
             loss_tok, nll_tok = label_smoothed_cross_entropy(
                 out.logits, target, epsilon=learner.config.label_smoothing
             )
@@ -115,6 +104,21 @@ def update(learner: Learner, batches: list[Batch], *, want_ratio: bool = False) 
     return UpdateResult(loss_sum, nll_sum, tokens, grad_norm, ratio)
 
 
+def teacher_forced(batch: Batch, device: torch.device) -> tuple[dict[str, Any], torch.Tensor]:
+    """The model's teacher-forced inputs for ``batch`` on ``device`` (src, tgt_in, logits_at,
+    src_padded) and the targets the logits are scored against. What depends on the data is
+    found on the host, where the batch is: on a GPU the host then queues the whole forward
+    and backward without waiting for the device."""
+    at = real_positions(batch.tgt_out)
+    inputs = {
+        "src": batch.src.to(device),
+        "tgt_in": batch.tgt_in.to(device),
+        "logits_at": at.to(device),
+        "src_padded": bool(batch.src.eq(PAD).any()),
+    }
+    return inputs, batch.tgt_out.flatten()[at].to(device)
+
+
 def _global_tokens(tokens: int, learner: Learner) -> float:
     """The update's target tokens over every rank; no trip to the device for one process."""
     if learner.world == 1:
@@ -124,4 +128,4 @@ def _global_tokens(tokens: int, learner: Learner) -> float:
     return float(total)
 
 
-__all__ = ["Learner", "UpdateResult", "update"]
+__all__ = ["Learner", "UpdateResult", "teacher_forced", "update"]

@@ -14,8 +14,7 @@ from wtnmt.config import DecodeConfig
 from wtnmt.data import Batch, ParallelData, Vocabulary, plan_batches
 from wtnmt.data.io import decode_lines, read_bytes
 from wtnmt.loss import label_smoothed_cross_entropy
-from wtnmt.model import real_positions
-from wtnmt.special import PAD
+from wtnmt.train.update import teacher_forced
 
 
 def valid_references(path: Path, *, expected: int) -> list[str] | None:
@@ -62,16 +61,9 @@ def validate(
     hyps = [""] * len(data)
     for indices in plan.batches:
         b = data.collate(indices)
-        at = real_positions(b.tgt_out)  # found on the host, as in training
-        target = b.tgt_out.flatten()[at].to(device)
-        src_padded = bool(b.src.eq(PAD).any())
+        inputs, target = teacher_forced(b, device)
         with autocast():
-            logits = model(
-                b.src.to(device),
-                b.tgt_in.to(device),
-                logits_at=at.to(device),
-                src_padded=src_padded,
-            ).logits
+            logits = model(**inputs).logits
         loss, nll = label_smoothed_cross_entropy(logits, target, epsilon=label_smoothing)
         loss_sum, nll_sum = loss_sum + float(loss.sum()), nll_sum + float(nll.sum())
         tokens += b.target_tokens
