@@ -368,7 +368,7 @@ def test_every_committed_run_has_finished():
     assert not unfinished, f"runs committed before they finished: {unfinished}"
 
 
-def test_only_runs_the_runs_named_and_leaves_the_report_for_later(tmp_path, capsys):
+def test_only_runs_the_runs_named_and_the_report_waits_for_the_whole_grid(tmp_path, capsys):
     path = write_grid(tmp_path)  # seeds 1 and 2, a report
     assert main(["experiment", str(path), "--only", "*-s2"]) == 0
     err = capsys.readouterr().err
@@ -378,3 +378,7 @@ def test_only_runs_the_runs_named_and_leaves_the_report_for_later(tmp_path, caps
     assert not (tmp_path / "report").exists()
     assert main(["experiment", str(path), "--only", "nothing-*"]) == 2
     assert "--only 'nothing-*': no run of" in capsys.readouterr().err
+    # the last run named finishes the grid: the report is the whole grid's, not that run's
+    assert main(["experiment", str(path), "--only", "*-s1"]) == 0
+    analysis = json.loads((tmp_path / "report" / "analysis.json").read_text())
+    assert sorted(Path(r).name for r in analysis["runs"]) == ["weighted-s1", "weighted-s2"]

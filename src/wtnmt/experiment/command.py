@@ -53,9 +53,12 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         return 130
     if stopped and not failed:
         return 0  # paused as asked (--stop-after): the next call goes on
-    if grid is not everything and any(plan_task(s, everything) for s in everything.runs):
-        say("the grid's other runs are not done: its report waits for them")
-        grid = dataclasses.replace(grid, analyze=None)
+    if grid is not everything:  # the report is the grid's: it waits for, then covers, all runs
+        if any(plan_task(s, everything) for s in everything.runs):
+            say("the grid's other runs are not done: its report waits for them")
+            grid = dataclasses.replace(grid, analyze=None)
+        else:
+            grid = dataclasses.replace(grid, runs=everything.runs)
     if stopped:
         grid = dataclasses.replace(grid, analyze=None)
     if grid.analyze is not None:
