@@ -17,16 +17,19 @@ import argparse
 import statistics
 import time
 
+import numpy as np
 import torch
 
 from wtnmt.config import load_config
+from wtnmt.data.dataset import Batch
 from wtnmt.loss import label_smoothed_cross_entropy
-from wtnmt.model import build_model, real_positions
+from wtnmt.model import build_model
 from wtnmt.model.branched import BranchedAttention
 from wtnmt.model.reference import UnfusedBranchedAttention
 from wtnmt.runtime import machine_line, tune_cpu_allocator
 from wtnmt.special import BOS, EOS, PAD
 from wtnmt.train.state import make_adam
+from wtnmt.train.update import teacher_forced
 
 
 def make_batch(n: int, lo: int, hi: int, vocab: int, seed: int):
@@ -63,13 +66,13 @@ def step_fn(model, src, tgt_in, tgt_out):
     for group in optimizer.param_groups:
         group["lr"] = 1e-4
 
-    at = real_positions(tgt_out)  # [N] in the flattened [B·T]
-    target = tgt_out.flatten()[at]  # [N]
-    padded = bool(src.eq(PAD).any())
+    # the model's inputs as `wtnmt train` makes them (logits at real target positions only)
+    batch = Batch(src, tgt_in, tgt_out, np.arange(src.size(0)))
+    inputs, target = teacher_forced(batch, torch.device("cpu"))
 
     def step() -> None:
-        # the training loss: logits at real target positions, fused label-smoothed CE
-        logits = model(src, tgt_in, logits_at=at, src_padded=padded).logits  # [N, V]
+        # the training loss: fused label-smoothed CE
+        logits = model(**inputs).logits  # [N, V]
         loss_sum, _ = label_smoothed_cross_entropy(logits, target, epsilon=0.1)
         loss = loss_sum.sum() / target.numel()
         optimizer.zero_grad(set_to_none=True)
