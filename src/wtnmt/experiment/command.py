@@ -58,7 +58,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
             say("the grid's other runs are not done: its report waits for them")
             grid = dataclasses.replace(grid, analyze=None)
         else:
-            grid = dataclasses.replace(grid, runs=everything.runs)
+            grid = everything
     if stopped:
         grid = dataclasses.replace(grid, analyze=None)
     if grid.analyze is not None:
