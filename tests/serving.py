@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 import uvicorn
+from filelock import FileLock
 
 from helpers import tiny_run_config
 from wtnmt.serve.main import bind
@@ -24,6 +27,22 @@ def train_tiny_run(directory: Path, **model) -> Path:
         model={"d_model": 64, "d_ff": 128, **model},
     )
     Trainer(config, directory / "run", log_to_stderr=False).run()
+    return directory / "run"
+
+
+def shared_tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``train_tiny_run``'s weighted-tiny run, trained once in a test session for every module
+    that only reads it (serving writes nothing into a run): under pytest-xdist the workers'
+    base directories share the session's, and a lock lets one worker train while the others
+    wait for it."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    directory = root / "shared-tiny-run"
+    with FileLock(str(root / "shared-tiny-run.lock")):
+        if not (directory / "trained").is_file():
+            directory.mkdir()  # a half-trained one left by a failed worker: fail here too
+            train_tiny_run(directory)
+            (directory / "trained").touch()
     return directory / "run"
 
 

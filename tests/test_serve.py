@@ -16,7 +16,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from helpers import sentence
-from serving import LiveServer, metric, train_tiny_run
+from serving import LiveServer, metric, shared_tiny_run, train_tiny_run
 from wtnmt import Translator
 from wtnmt.cli import main as cli
 from wtnmt.model import BranchWeights, branch_weight_table, count_parameters
@@ -28,7 +28,7 @@ SENTENCES = [sentence(40_000 + i, 2 + i % 4) for i in range(12)]
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    return train_tiny_run(tmp_path_factory.mktemp("serve"))
+    return shared_tiny_run(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers import sentence
-from serving import LiveServer, train_tiny_run
+from serving import LiveServer, shared_tiny_run
 from wtnmt import Translator
 from wtnmt.model import branch_weight_table
 from wtnmt.serve.app import create_app
@@ -57,8 +57,8 @@ def browser(tmp_path_factory):
     driver.quit()
 
 
-def test_the_page_translates_as_you_type_and_shows_branches(browser, tmp_path):
-    run = train_tiny_run(tmp_path)
+def test_the_page_translates_as_you_type_and_shows_branches(browser, tmp_path, tmp_path_factory):
+    run = shared_tiny_run(tmp_path_factory)
     translator = Translator.load(run)
     text = sentence(50_000, 4)
     expected = translator.translate([text])[0]
@@ -111,11 +111,13 @@ def test_the_page_translates_as_you_type_and_shows_branches(browser, tmp_path):
         assert set(hosts) <= {server.url.removeprefix("http://")}
 
 
-def test_a_pruned_model_shows_its_branches_numbered_as_in_the_trained_one(browser, tmp_path):
+def test_a_pruned_model_shows_its_branches_numbered_as_in_the_trained_one(
+    browser, tmp_path, tmp_path_factory
+):
     from wtnmt.cli import main
 
     out = tmp_path / "pruned"
-    run = train_tiny_run(tmp_path)
+    run = shared_tiny_run(tmp_path_factory)
     assert main(["prune", str(run), "--out", str(out), "--keep-total", "6"]) == 0
     translator = Translator.load(out)
     kept = translator.config.model.kept_branches

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from helpers import sentence
-from serving import LiveServer, train_tiny_run
+from serving import LiveServer, shared_tiny_run
 from wtnmt import Translator
 from wtnmt.cli import main as cli
 from wtnmt.model.packed import int8_available
@@ -29,7 +29,7 @@ SENTENCE = sentence(40_000, 2)
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    return train_tiny_run(tmp_path_factory.mktemp("serve-command"))
+    return shared_tiny_run(tmp_path_factory)
 
 
 @pytest.mark.parametrize(

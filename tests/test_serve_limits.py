@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from serving import LiveServer, train_tiny_run
+from serving import LiveServer, shared_tiny_run
 from wtnmt import Translator
 from wtnmt.cli import main as cli
 from wtnmt.config import ConfigError
@@ -31,7 +31,7 @@ JSON = {"content-type": "application/json"}
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    return train_tiny_run(tmp_path_factory.mktemp("limits"))
+    return shared_tiny_run(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
