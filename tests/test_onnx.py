@@ -193,8 +193,8 @@ def test_translate_exports_on_first_use_and_export_replaces_only_its_own_export(
     out, err = capsys.readouterr()
     assert code == 0 and out == expected
     assert "exporting" in err and "on first use" in err
-    out = run / "onnx"
-    meta = json.loads((out / "export.json").read_text())
+    onnx = run / "onnx"
+    meta = json.loads((onnx / "export.json").read_text())
     assert meta["layers"] == 2 and set(meta["files"]) == {"encoder.onnx", "decoder_step.onnx"}
     cli(["translate", str(run), "-i", str(inp), "--engine", "onnxruntime"])
     assert "exporting" not in capsys.readouterr().err  # once
@@ -205,15 +205,15 @@ def test_translate_exports_on_first_use_and_export_replaces_only_its_own_export(
     _one_line_error(capsys, ["export", "onnx", str(run), "--out", str(mine)], "not a wtnmt export")
     assert (mine / "notes.txt").read_text() == "keep"
     _one_line_error(capsys, ["export", "onnx", str(run)], "--force")  # RUN/onnx, as made above
-    (out / "notes.txt").write_text("keep")
+    (onnx / "notes.txt").write_text("keep")
     argv = ["export", "onnx", str(run), "--force", "--quantize", "int8"]
     _one_line_error(capsys, argv, "notes.txt")
-    assert (out / "notes.txt").read_text() == "keep"
-    (out / "notes.txt").unlink()
+    assert (onnx / "notes.txt").read_text() == "keep"
+    (onnx / "notes.txt").unlink()
     assert cli(argv) == 0
     assert "exporting" in capsys.readouterr().err
-    assert "decoder_step.int8.onnx" in json.loads((out / "export.json").read_text())["files"]
-    net = OnnxNetwork.open(out, run, quantize="int8")
+    assert "decoder_step.int8.onnx" in json.loads((onnx / "export.json").read_text())["files"]
+    net = OnnxNetwork.open(onnx, run, quantize="int8")
     assert net.quantize == "int8"
 
 
