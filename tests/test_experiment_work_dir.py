@@ -14,7 +14,12 @@ from test_experiment import write_grid
 from wtnmt.cli import main
 from wtnmt.config import ConfigError, config_to_dict, load_config
 from wtnmt.experiment import in_work_dir, load_grid, plan_task
-from wtnmt.experiment.pack import RESULT_FILES, keep_interrupted_curve, run_result_files
+from wtnmt.experiment.pack import (
+    RESULT_FILES,
+    drop_finished_curve,
+    keep_interrupted_curve,
+    run_result_files,
+)
 
 
 def _files(run: Path) -> dict[str, bytes]:
@@ -286,3 +291,33 @@ def test_a_resumed_run_whose_config_gained_a_key_updates_its_try(tmp_path):
     values["train"]["seed"] = 99  # another setting is another attempt
     (where / "weighted-s1.try1.config.yaml").write_text(yaml.safe_dump(values))
     assert keep_interrupted_curve(spec)[1] == where / "weighted-s1.try2.metrics.jsonl"
+
+
+def test_a_finished_runs_kept_curve_goes_once_its_results_hold_it_and_other_tries_stay(tmp_path):
+    """The curve a stop kept in interrupted/ is the start of the finished run's, copied with its
+    results: that try goes, a try of another attempt (a lost work directory) stays."""
+    from wtnmt.experiment.runner import copy_finished_results
+
+    grid = in_work_dir(load_grid(write_grid(tmp_path, seeds=[1])), tmp_path / "scratch")
+    spec = grid.runs[0]
+    spec.run_dir.mkdir(parents=True)
+    (spec.run_dir / "config.yaml").write_text("seed: 1\n")
+    metrics = spec.run_dir / "metrics.jsonl"
+    metrics.write_text('{"step": 2, "a lost attempt": 1}\n')
+    lost = keep_interrupted_curve(spec)
+    metrics.write_text('{"step": 2}\n')  # started again, stopped
+    kept = keep_interrupted_curve(spec)
+    assert kept != lost
+    metrics.write_text('{"step": 2}\n{"step": 4}\n')  # resumed, not yet copied
+    (spec.run_dir / "finished.json").write_text("{}")
+    assert drop_finished_curve(spec) is None and kept[1].is_file()
+
+    said: list[str] = []
+    copy_finished_results(spec, said.append)
+    assert (spec.results_dir / "metrics.jsonl").read_bytes() == metrics.read_bytes()
+    assert not kept[0].exists() and not kept[1].exists()
+    assert any(f"{kept[1]} removed" in line for line in said), said
+    assert lost[1].read_text() == '{"step": 2, "a lost attempt": 1}\n' and lost[0].is_file()
+    said.clear()
+    copy_finished_results(spec, said.append)  # the next call: nothing to copy or remove
+    assert said == [] and lost[1].is_file()

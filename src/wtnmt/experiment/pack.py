@@ -94,12 +94,7 @@ def keep_interrupted_curve(spec: RunSpec) -> tuple[Path, Path] | None:
     if not curve:
         return None
     where = spec.results_dir.parent / "interrupted"
-    pattern = re.compile(re.escape(spec.name) + r"\.try(\d+)\.metrics\.jsonl")
-    tries = sorted(
-        int(found[1])
-        for path in (where.iterdir() if where.is_dir() else ())
-        if (found := pattern.fullmatch(path.name))
-    )
+    tries = _tries(where, spec.name)
     number = next(
         (n for n in tries if _continues(_try_files(where, spec.name, n), settings, curve)),
         (tries[-1] if tries else 0) + 1,
@@ -108,6 +103,41 @@ def keep_interrupted_curve(spec: RunSpec) -> tuple[Path, Path] | None:
     for target, data in zip(kept, (settings, curve), strict=True):
         _write_if_changed(target, data)
     return kept
+
+
+def drop_finished_curve(spec: RunSpec) -> tuple[Path, Path] | None:
+    """A run finished in a work directory, its results copied where the grid puts them: the
+    copy of its curve that a stop of the same attempt kept in ``interrupted/`` is removed,
+    since the results hold that curve whole (it is the start of theirs, under the same
+    settings). Tries of other attempts, and files a person wrote, stay. Returns the removed
+    copies' paths (config, curve), or None where none was removed."""
+    if spec.results_dir is None or not (spec.run_dir / FINISHED).is_file():
+        return None
+    config, metrics = spec.run_dir / "config.yaml", spec.run_dir / "metrics.jsonl"
+    copied = spec.results_dir / "metrics.jsonl"
+    if not (config.is_file() and metrics.is_file() and copied.is_file()):
+        return None
+    settings, curve = config.read_bytes(), metrics.read_bytes()
+    if copied.read_bytes() != curve:  # the results not copied (yet): the copy is all there is
+        return None
+    where = spec.results_dir.parent / "interrupted"
+    for number in _tries(where, spec.name):
+        kept = _try_files(where, spec.name, number)
+        if _continues(kept, settings, curve):
+            for path in kept:
+                path.unlink()
+            return kept
+    return None
+
+
+def _tries(where: Path, run: str) -> list[int]:
+    """The numbers N of the ``<run>.tryN.metrics.jsonl`` in ``where``, in order."""
+    pattern = re.compile(re.escape(run) + r"\.try(\d+)\.metrics\.jsonl")
+    return sorted(
+        int(found[1])
+        for path in (where.iterdir() if where.is_dir() else ())
+        if (found := pattern.fullmatch(path.name))
+    )
 
 
 def _continues(kept: tuple[Path, Path], settings: bytes, curve: bytes) -> bool:
@@ -226,6 +256,7 @@ def pack_results(grid: Grid, out: Path, *, max_bytes: int, max_files: int) -> li
 __all__ = [
     "RESULT_FILES",
     "copy_results",
+    "drop_finished_curve",
     "keep_interrupted_curve",
     "pack_results",
     "plan_archives",

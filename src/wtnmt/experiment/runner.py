@@ -20,7 +20,7 @@ from typing import Any
 
 from wtnmt.config import config_to_dict
 from wtnmt.experiment.grid import Grid, RunSpec
-from wtnmt.experiment.pack import copy_results, keep_interrupted_curve
+from wtnmt.experiment.pack import copy_results, drop_finished_curve, keep_interrupted_curve
 from wtnmt.experiment.plan import FINISHED, Task, plan_task
 from wtnmt.experiment.progress import Budget, Sightings, progress_line
 from wtnmt.runtime import EMULATED_BF16_WARNING, bf16_emulated
@@ -93,9 +93,15 @@ def _launch(task: Task, grid: Grid) -> subprocess.Popen:
 
 
 def copy_finished_results(spec: RunSpec, say) -> None:  # type: ignore[no-untyped-def]
-    """Copy a run's small results from its work directory, saying so when a file changed."""
-    if spec.results_dir is not None and spec.run_dir.is_dir() and copy_results(spec):
+    """Copy a run's small results from its work directory, saying so when a file changed;
+    once it has finished, the curve an earlier stop of it kept in ``interrupted/`` goes."""
+    if spec.results_dir is None or not spec.run_dir.is_dir():
+        return
+    if copy_results(spec):
         say(f"  {spec.name}: results copied to {spec.results_dir} (no weights)")
+    dropped = drop_finished_curve(spec)
+    if dropped is not None:
+        say(f"  {spec.name}: {dropped[1]} removed, its curve is whole in the results")
 
 
 def _keep_curve(spec: RunSpec, say) -> None:  # type: ignore[no-untyped-def]
