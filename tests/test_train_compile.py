@@ -3,9 +3,9 @@
 Oracle: the same seeded run, eager. Without dropout the two compute the same function with the
 same weights, so each update's loss and the weights after it agree to float32 rounding (fused
 kernels sum in another order). The default run checks Dynamo's capture alone; the slow ones
-AOTAutograd's joint forward-backward graph too (in bf16 autocast, with eager kernels), and
-inductor's generated kernels in float32, as training on a GPU runs them (inductor compiles the
-joint graph AOTAutograd traces, so its test checks that graph in float32 too).
+AOTAutograd's joint forward-backward graph too (with eager kernels), and inductor's generated
+kernels in float32, as training on a GPU runs them (inductor compiles the joint graph
+AOTAutograd traces, so where it runs its test checks float32's joint graph).
 """
 
 from __future__ import annotations
@@ -70,16 +70,32 @@ def test_a_compiled_forward_makes_the_eager_updates(tmp_path, monkeypatch):
     _check(tmp_path, "bf16", tolerance=1e-5)
 
 
+# inductor compiles the joint graph AOTAutograd traces: where it runs, its float32 test checks
+# that graph, and the eager-kernel check of it in float32 would be the same trace again
+NO_INDUCTOR = shutil.which("g++") is None
+
+
 @pytest.mark.slow
-def test_the_joint_forward_backward_graph_makes_the_eager_updates_in_bf16(tmp_path, monkeypatch):
-    # AOTAutograd's joint graph too (the custom autograd functions traced), eager kernels, in
-    # the precision the GPU grids train in; float32's joint graph is the inductor test's
+@pytest.mark.parametrize(
+    "precision",
+    [
+        pytest.param(
+            "fp32",
+            marks=pytest.mark.skipif(
+                not NO_INDUCTOR, reason="the inductor test checks float32's joint graph"
+            ),
+        ),
+        "bf16",
+    ],
+)
+def test_the_joint_forward_backward_graph_makes_the_eager_updates(tmp_path, monkeypatch, precision):
+    # AOTAutograd's joint graph too (the custom autograd functions traced), eager kernels
     _backend(monkeypatch, "aot_eager")
-    _check(tmp_path, "bf16", tolerance=1e-5)
+    _check(tmp_path, precision, tolerance=1e-5)
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("g++") is None, reason="inductor needs a C++ compiler on CPU")
+@pytest.mark.skipif(NO_INDUCTOR, reason="inductor needs a C++ compiler on CPU")
 def test_inductor_kernels_make_the_eager_updates(tmp_path):
     _check(tmp_path, "fp32", tolerance=1e-5)
 

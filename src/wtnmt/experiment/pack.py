@@ -85,20 +85,14 @@ def keep_interrupted_curve(spec: RunSpec) -> tuple[Path, Path] | None:
     this one takes the next N. Returns the copies' paths (config, curve), or None where
     nothing was kept (a run trained where the grid puts it, one past training, or one that has
     logged nothing)."""
-    if spec.results_dir is None or (spec.run_dir / FINISHED).is_file():
+    if (spec.run_dir / FINISHED).is_file() or (attempt := _attempt(spec)) is None:
         return None
-    config, metrics = spec.run_dir / "config.yaml", spec.run_dir / "metrics.jsonl"
-    if not (config.is_file() and metrics.is_file()):
-        return None
-    settings, curve = config.read_bytes(), metrics.read_bytes()
-    if not curve:
-        return None
-    where = spec.results_dir.parent / "interrupted"
-    tries = _tries(where, spec.name)
-    number = next(
-        (n for n in tries if _continues(_try_files(where, spec.name, n), settings, curve)),
-        (tries[-1] if tries else 0) + 1,
-    )
+    results, settings, curve = attempt
+    where = results.parent / "interrupted"
+    number = _own_try(where, spec.name, settings, curve)
+    if number is None:
+        tries = _tries(where, spec.name)
+        number = (tries[-1] if tries else 0) + 1
     kept = _try_files(where, spec.name, number)
     for target, data in zip(kept, (settings, curve), strict=True):
         _write_if_changed(target, data)
@@ -111,23 +105,38 @@ def drop_finished_curve(spec: RunSpec) -> tuple[Path, Path] | None:
     since the results hold that curve whole (it is the start of theirs, under the same
     settings). Tries of other attempts, and files a person wrote, stay. Returns the removed
     copies' paths (config, curve), or None where none was removed."""
-    if spec.results_dir is None or not (spec.run_dir / FINISHED).is_file():
+    if not (spec.run_dir / FINISHED).is_file() or (attempt := _attempt(spec)) is None:
         return None
+    results, settings, curve = attempt
+    copied = results / "metrics.jsonl"
+    if not copied.is_file() or copied.read_bytes() != curve:  # not copied (yet): keep the try
+        return None
+    where = results.parent / "interrupted"
+    number = _own_try(where, spec.name, settings, curve)
+    if number is None:
+        return None
+    kept = _try_files(where, spec.name, number)
+    for path in kept:
+        path.unlink()
+    return kept
+
+
+def _attempt(spec: RunSpec) -> tuple[Path, bytes, bytes] | None:
+    """Where the grid puts a run trained in a work directory, and the run's settings and curve
+    there; None for a run trained where the grid puts it, or one that has logged nothing."""
     config, metrics = spec.run_dir / "config.yaml", spec.run_dir / "metrics.jsonl"
-    copied = spec.results_dir / "metrics.jsonl"
-    if not (config.is_file() and metrics.is_file() and copied.is_file()):
+    if spec.results_dir is None or not (config.is_file() and metrics.is_file()):
         return None
-    settings, curve = config.read_bytes(), metrics.read_bytes()
-    if copied.read_bytes() != curve:  # the results not copied (yet): the copy is all there is
-        return None
-    where = spec.results_dir.parent / "interrupted"
-    for number in _tries(where, spec.name):
-        kept = _try_files(where, spec.name, number)
-        if _continues(kept, settings, curve):
-            for path in kept:
-                path.unlink()
-            return kept
-    return None
+    curve = metrics.read_bytes()
+    return (spec.results_dir, config.read_bytes(), curve) if curve else None
+
+
+def _own_try(where: Path, run: str, settings: bytes, curve: bytes) -> int | None:
+    """The N of the try in ``where`` that an earlier stop of this attempt kept, if any."""
+    return next(
+        (n for n in _tries(where, run) if _continues(_try_files(where, run, n), settings, curve)),
+        None,
+    )
 
 
 def _tries(where: Path, run: str) -> list[int]:
