@@ -329,6 +329,17 @@ def test_report_cells_give_one_form_a_column():
     ]
 
 
+def test_a_pair_asked_of_one_seed_a_side_is_said_to_be_untested(runs, tmp_path):
+    said: list[str] = []
+    analyze(runs, tmp_path, decode=False, pairs=["transformer:weighted"], say=said.append)
+    assert (
+        "--pair transformer:weighted: not tested, 1 + 1 seeds (a test across seeds needs two "
+        "a side)" in said
+    )
+    across = (tmp_path / "summary.md").read_text().split("## Across seeds", 1)[1]
+    assert "transformer against weighted (1 + 1 seeds)" in across.split("##", 1)[0]
+
+
 def test_the_runs_table_says_which_weights_its_test_scores_are_of(runs, tmp_path):
     import shutil
 

@@ -139,6 +139,22 @@ def test_the_seeds_table_tests_the_pairs_asked_too(tmp_path):
     assert fixed[7] == pytest.approx(permutation_test([33.5, 34.5], [32.0, 33.0, 34.0]))
 
 
+def test_the_seeds_table_names_what_one_seed_a_side_leaves_untested(tmp_path):
+    runs = _seeds(tmp_path, transformer=[30.0, 31.0, 29.0], weighted=[32.0, 33.0, 34.0])
+    runs += _seeds(tmp_path, weighted_d03=[35.0])  # a model with its first seed finished
+    table = seeds_test_table(runs, [("weighted-d03", "weighted")])
+    assert table is not None
+    assert {(row[0], row[1]) for row in table.rows} == {("weighted", "transformer")}
+    assert table.note.endswith(
+        "; not tested, fewer than two seeds a side: weighted-d03 against transformer "
+        "(1 + 3 seeds), weighted-d03 against weighted (1 + 3 seeds)"
+    )
+    # a pair asked of single seeds: the table says why it has no rows
+    alone = seeds_test_table(runs[:1] + runs[3:4], [("weighted", "transformer")])
+    assert alone is not None and alone.rows == []
+    assert alone.note.endswith("weighted against transformer (1 + 1 seeds)")
+
+
 def test_the_seeds_table_tests_best_dev_bleu_and_moses_bleu_too(tmp_path):
     runs = []
     for model, devs in (

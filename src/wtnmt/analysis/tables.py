@@ -203,8 +203,9 @@ def seeds_test_table(runs: list[Run], pairs: Sequence[tuple[str, str]] = ()) -> 
     """Each model against the first, and each of ``pairs`` (model, baseline), over their
     seeds' test scores, best dev BLEU (greedy, as logged), lowest dev loss and steps to within
     0.5 dev BLEU of their own best: the difference of the means, Welch's t-test and the exact
-    permutation test (None with fewer than two seeds a side: one seed has no spread to test
-    against)."""
+    permutation test. A comparison with fewer than two seeds a side is not tested (one seed
+    has no spread to test against) and the note names it; None when nothing was tested and no
+    pair was asked."""
     from wtnmt.analysis.stats import permutation_test, welch_t
 
     groups: dict[str, list[Run]] = {}
@@ -230,7 +231,13 @@ def seeds_test_table(runs: list[Run], pairs: Sequence[tuple[str, str]] = ()) -> 
         "(up to 20,000 of them), so its p cannot go below 1/splits, nor below 2/splits with as "
         "many seeds a side (0.1 at 3 + 3)",
     )
+    untested = []
     for name, baseline in compared:
+        if len(groups[name]) < 2 or len(groups[baseline]) < 2:
+            untested.append(
+                f"{name} against {baseline} ({len(groups[name])} + {len(groups[baseline])} seeds)"
+            )
+            continue
         for key, label in _TESTED_SCORES:
             a = [_seed_score(r, key) for r in groups[name]]
             b = [_seed_score(r, key) for r in groups[baseline]]
@@ -250,7 +257,9 @@ def seeds_test_table(runs: list[Run], pairs: Sequence[tuple[str, str]] = ()) -> 
                     math.comb(len(a) + len(b), len(a)),
                 ]
             )
-    return table if table.rows else None
+    if untested:
+        table.note += "; not tested, fewer than two seeds a side: " + ", ".join(untested)
+    return table if table.rows or pairs else None
 
 
 def steps_to_bleu_table(runs: list[Run], target: float) -> tuple[Table, list[dict[str, Any]]]:
