@@ -329,6 +329,30 @@ def test_report_cells_give_one_form_a_column():
     ]
 
 
+def test_a_run_trained_by_hand_is_scored_on_its_test_split(runs, tmp_path):
+    """A run with no grid's test scores (trained with `wtnmt train`, evaluated by hand or not
+    at all) shows its best weights' test scores: decoded, then read back without decoding."""
+    import shutil
+
+    hand = tmp_path / "runs" / runs[1].name
+    shutil.copytree(runs[1], hand, ignore=shutil.ignore_patterns("eval", "checkpoints"))
+    evaluated = {"bleu": 99.0, "source": {"src": "mine.en", "ref": "mine.de"}}  # `evaluate`'s
+    (hand / "scores.json").write_text(json.dumps(evaluated))
+    expected = json.loads((runs[1] / "scores.json").read_text())["test"]  # the grid's way
+
+    def test_row(name: str, decode: bool) -> list[str]:
+        analyze([hand], tmp_path / name, decode=decode, say=lambda _: None)
+        return _markdown_table((tmp_path / name / "summary.md").read_text(), "Runs")[0][-3:]
+
+    scored = [f"{expected[k]:.2f}" for k in ("bleu", "chrf", "bleu_lc")]
+    assert test_row("decoded", decode=True) == scored
+    assert json.loads((hand / "scores.json").read_text()) == evaluated  # not written
+    (hand / "model.safetensors").unlink()  # a clone of the results: what eval/ kept
+    assert test_row("kept", decode=False) == scored
+    shutil.rmtree(hand / "eval")
+    assert test_row("none", decode=False) == ["–", "–", "–"]
+
+
 def test_a_pair_asked_of_one_seed_a_side_is_said_to_be_untested(runs, tmp_path):
     said: list[str] = []
     analyze(runs, tmp_path, decode=False, pairs=["transformer:weighted"], say=said.append)

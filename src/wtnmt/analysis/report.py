@@ -233,7 +233,9 @@ def analyze(
     (``MODEL:BASELINE``) are tested across seeds beside each model against the first's."""
     out = Path(out)
     check_report_directory(out)
-    runs = with_unique_names([Run.load(p) for p in run_dirs])
+    from wtnmt.analysis.scoring import with_test_score
+
+    runs = [with_test_score(r, decode) for r in with_unique_names([Run.load(p) for p in run_dirs])]
     models = list(dict.fromkeys(r.group for r in runs))
     tested = model_pairs(list(pairs), models, "--pair")
     out.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from wtnmt.analysis.metrics import mean_sd
+from wtnmt.analysis.runs import Run
 
 
 def lowercased_bleu(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
@@ -165,6 +166,30 @@ def score_run(
     return result
 
 
+def kept_or_decoded(run_dir: Path, decode: bool, **how: Any) -> dict[str, Any] | None:
+    """The score ``how`` asks for (``score_run``'s arguments): decoded (or read back) where
+    ``decode`` and the weights are here, else the one kept in ``eval/``, else None."""
+    if decode and (run_dir / how.get("weights", "model.safetensors")).is_file():
+        return score_run(run_dir, **how)
+    kept = kept_score(run_dir, **how)
+    return json.loads(kept.read_text(encoding="utf-8")) if kept.is_file() else None
+
+
+def with_test_score(run: Run, decode: bool) -> Run:
+    """The run with its test scores: its own (a grid's, under ``"test"`` in its
+    scores.json), or, for a run trained by hand, its best weights scored on its test split
+    now (``decode``) or kept in ``eval/`` by an earlier analysis; the run as it is where
+    neither can be had. Its scores.json is not written."""
+    import dataclasses
+
+    if (run.scores or {}).get("test") is not None:
+        return run
+    found = kept_or_decoded(run.path, decode, split="test", weights="model.safetensors")
+    if found is None:
+        return run
+    return dataclasses.replace(run, scores={**(run.scores or {}), "test": found})
+
+
 def branch_weight_ablation(
     run_dir: str | Path,
     *,
@@ -214,6 +239,7 @@ __all__ = [
     "bootstrap",
     "branch_weight_ablation",
     "has_score",
+    "kept_or_decoded",
     "kept_score",
     "lowercased_bleu",
     "moses_bleu",
@@ -221,4 +247,5 @@ __all__ = [
     "score_name",
     "score_run",
     "split_pairs",
+    "with_test_score",
 ]

@@ -10,7 +10,6 @@ committed results) or decoding is not asked for, a run shows the decodings it ke
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from wtnmt.analysis.metrics import mean_sd
@@ -35,28 +34,19 @@ def _scored_with(run: Run) -> dict[str, Any]:
     }
 
 
-def _score(run: Run, decode: bool, **how: Any) -> dict[str, Any] | None:
-    """The score ``how`` asks for: decoded (or read back) where ``decode`` and the weights
-    are here, else the one kept in ``eval/``, else None."""
-    from wtnmt.analysis.scoring import kept_score, score_run
-
-    if decode and (run.path / how["weights"]).is_file():
-        return score_run(run.path, **how)
-    kept = kept_score(run.path, **how)
-    return json.loads(kept.read_text(encoding="utf-8")) if kept.is_file() else None
-
-
 def table3_row(run: Run, random_seeds: int, decode: bool) -> dict[str, Any]:
     """One run's row: its learned, uniform and random test BLEU (None where not decoded);
     ``random`` holds the draws found, by seed."""
+    from wtnmt.analysis.scoring import kept_or_decoded
+
     how = _scored_with(run)
     test = (run.scores or {}).get("test") or {}
     learned = test.get("bleu")
     if learned is None:
-        learned = (_score(run, decode, **how) or {}).get("bleu")
-    uniform = _score(run, decode, branch_weights="uniform", **how)
-    draws = {s: _score(run, decode, branch_weights="random", seed=s, **how) for s in
-             range(1, random_seeds + 1)}  # fmt: skip
+        learned = (kept_or_decoded(run.path, decode, **how) or {}).get("bleu")
+    uniform = kept_or_decoded(run.path, decode, branch_weights="uniform", **how)
+    draws = {s: kept_or_decoded(run.path, decode, branch_weights="random", seed=s, **how)
+             for s in range(1, random_seeds + 1)}  # fmt: skip
     return {
         "run": run.name,
         "weights": how["weights"],
