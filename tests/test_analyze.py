@@ -255,7 +255,8 @@ def test_cached_scores_are_recomputed_for_new_weights(runs):
 def test_a_score_kept_from_before_moses_bleu_gets_it_from_its_hypotheses(runs, tmp_path):
     import shutil
 
-    from wtnmt.analysis.scoring import moses_bleu, read_hypotheses, score_run, split_pairs
+    from wtnmt.analysis.scoring import read_hypotheses, score_run, split_pairs
+    from wtnmt.decode.evaluate import moses_bleu
 
     clone = tmp_path / runs[1].name  # committed results: no weights to decode with
     shutil.copytree(runs[1], clone, ignore=shutil.ignore_patterns("*.safetensors", "checkpoints"))

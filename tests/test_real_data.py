@@ -109,7 +109,7 @@ def test_moses_pipeline_gives_the_data_sets_own_tokenized_references():
     normalize-punctuation, tokenizer.perl): the reflen of the published 41.02 BLEU."""
     from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
-    from wtnmt.analysis.scoring import moses_bleu
+    from wtnmt.decode.evaluate import moses_bleu
 
     directory = locate(CORPORA["multi30k"])
     for split, lang, words in (("test_2016_flickr", "de", 12_103), ("val", "en", 13_308)):

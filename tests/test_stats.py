@@ -187,7 +187,7 @@ def test_the_seeds_table_tests_best_dev_bleu_and_moses_bleu_too(tmp_path):
 
 
 def test_moses_bleu_scores_lowercased_moses_tokens_and_counts_them_as_bleu_4():
-    from wtnmt.analysis.scoring import moses_bleu
+    from wtnmt.decode.evaluate import moses_bleu
 
     # casing and the tokens Moses splits off do not count: the same sentence either way
     hyp, ref = ["Ein Mann, der „etwas“ anstarrt."], ['ein mann , der "etwas" anstarrt .']

@@ -152,6 +152,20 @@ def test_evaluate_reproduces_sacrebleu_on_the_same_files(run_dir, tmp_path):
         check=True,
     )
     assert scores["bleu"] == pytest.approx(float(theirs.stdout.strip()), abs=0.01)
+    # lowercased BLEU as sacreBLEU -lc scores it, and the literature's on Moses tokens
+    lowercased = subprocess.run(
+        [sys.executable, "-m", "sacrebleu", str(ref), "-i", str(hyp), "-b", "-lc"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert scores["bleu_lc"] == pytest.approx(float(lowercased.stdout.strip()), abs=0.01)
+    from wtnmt.config import load_config
+    from wtnmt.decode.evaluate import moses_bleu
+
+    lines = [hyp.read_text().splitlines(), ref.read_text().splitlines()]
+    lang = load_config(run_dir / "config.yaml").data.tgt_lang
+    assert scores["bleu_moses"] == moses_bleu(*lines, lang)["bleu_moses"]
     theirs_hyp = hyp.read_text()
     assert set(scores) >= {"bleu", "chrf", "signature", "n_sentences"}
     assert scores["n_sentences"] == 30 and scores["beam"] == 2  # what was scored says how

@@ -229,7 +229,13 @@ def _output(path: str | None):  # type: ignore[no-untyped-def]
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from wtnmt.decode.evaluate import paired_bootstrap, score_corpus, update_scores
+    from wtnmt.decode.evaluate import (
+        lowercased_bleu,
+        moses_bleu,
+        paired_bootstrap,
+        score_corpus,
+        update_scores,
+    )
     from wtnmt.decode.translator import Translator
     from wtnmt.runtime import check_engine, check_quantize, tune_cpu_allocator
 
@@ -292,6 +298,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     print(f"translating {len(src):,} sentences with beam {beam}", file=sys.stderr)
     hyps = translator.translate(src, beam=args.beam)
     scores = score_corpus(hyps, refs)
+    lang = translator.config.data.tgt_lang  # the literature's BLEU beside sacreBLEU's
+    scores |= lowercased_bleu(hyps, refs) | moses_bleu(hyps, refs, lang)
     scores["source"] = source  # what was scored: a corpus split, or the two files
     scores["beam"] = beam  # and how it was decoded
     scores["branch_weights"] = args.branch_weights
@@ -314,7 +322,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     update_scores(Path(args.run_dir) / "scores.json", scores)
     print(
         f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['n_sentences']} "
-        f"sentences)\n{scores['signature']}\n{scores['chrf_signature']}"
+        f"sentences)\n{scores['signature']}\n{scores['chrf_signature']}\n"
+        f"lowercased BLEU {scores['bleu_lc']:.2f}; on lowercased Moses tokens "
+        f"{scores['bleu_moses']:.2f} (the Multi30k literature's BLEU)"
     )
     if args.compare:
         c = scores["compare"]
