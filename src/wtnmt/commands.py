@@ -229,13 +229,7 @@ def _output(path: str | None):  # type: ignore[no-untyped-def]
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from wtnmt.decode.evaluate import (
-        lowercased_bleu,
-        moses_bleu,
-        paired_bootstrap,
-        score_corpus,
-        update_scores,
-    )
+    from wtnmt.decode.evaluate import paired_bootstrap, score_corpus, update_scores
     from wtnmt.decode.translator import Translator
     from wtnmt.runtime import check_engine, check_quantize, tune_cpu_allocator
 
@@ -297,9 +291,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         name += f".beam{beam}"
     print(f"translating {len(src):,} sentences with beam {beam}", file=sys.stderr)
     hyps = translator.translate(src, beam=args.beam)
-    scores = score_corpus(hyps, refs)
-    lang = translator.config.data.tgt_lang  # the literature's BLEU beside sacreBLEU's
-    scores |= lowercased_bleu(hyps, refs) | moses_bleu(hyps, refs, lang)
+    scores = score_corpus(hyps, refs, translator.config.data.tgt_lang)  # and the literature's
     scores["source"] = source  # what was scored: a corpus split, or the two files
     scores["beam"] = beam  # and how it was decoded
     scores["branch_weights"] = args.branch_weights

@@ -12,7 +12,7 @@ from typing import Any
 
 from wtnmt.analysis.metrics import mean_sd
 from wtnmt.analysis.runs import Run
-from wtnmt.decode.evaluate import lowercased_bleu, moses_bleu
+from wtnmt.decode.evaluate import moses_bleu
 
 
 def split_pairs(run_dir: Path, split: str) -> tuple[list[str], list[str]]:
@@ -108,9 +108,7 @@ def score_run(
             "".join(h + "\n" for h in hyps), encoding="utf-8"
         )
         return {
-            **score_corpus(hyps, refs),
-            **lowercased_bleu(hyps, refs),
-            **moses_bleu(hyps, refs, translator.config.data.tgt_lang),
+            **score_corpus(hyps, refs, translator.config.data.tgt_lang),
             "split": split,
             "beam": beam or translator.config.decode.beam,
             "weights": weights,

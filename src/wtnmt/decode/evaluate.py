@@ -14,19 +14,27 @@ from sacrebleu.metrics import BLEU, CHRF
 from wtnmt.safe_files import atomic_write
 
 
-def score_corpus(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
+def score_corpus(
+    hypotheses: Sequence[str], references: Sequence[str], lang: str | None = None
+) -> dict[str, Any]:
+    """sacreBLEU's BLEU and chrF with their signatures; given the target language ``lang``,
+    also BLEU as the Multi30k literature computes it (``lowercased_bleu``, ``moses_bleu``)."""
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
     bleu, chrf = BLEU(), CHRF()
     b = bleu.corpus_score(list(hypotheses), [list(references)])
     c = chrf.corpus_score(list(hypotheses), [list(references)])
-    return {
+    scores = {
         "bleu": round(b.score, 2),
         "chrf": round(c.score, 2),
         "signature": str(bleu.get_signature()),
         "chrf_signature": str(chrf.get_signature()),
         "n_sentences": len(hypotheses),
     }
+    if lang is None:
+        return scores
+    hyps, refs = list(hypotheses), list(references)
+    return scores | lowercased_bleu(hyps, refs) | moses_bleu(hyps, refs, lang)
 
 
 def lowercased_bleu(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
