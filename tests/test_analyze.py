@@ -357,10 +357,7 @@ def test_a_run_trained_by_hand_is_scored_on_its_test_split(runs, tmp_path):
 def test_a_pair_asked_of_one_seed_a_side_is_said_to_be_untested(runs, tmp_path):
     said: list[str] = []
     analyze(runs, tmp_path, decode=False, pairs=["transformer:weighted"], say=said.append)
-    assert (
-        "--pair transformer:weighted: not tested, 1 + 1 seeds (a test across seeds needs two "
-        "a side)" in said
-    )
+    assert "--pair transformer:weighted: not tested, 1 + 1 seeds (a test needs two a side)" in said
     across = (tmp_path / "summary.md").read_text().split("## Across seeds", 1)[1]
     assert "transformer against weighted (1 + 1 seeds)" in across.split("##", 1)[0]
 

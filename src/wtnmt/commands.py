@@ -292,13 +292,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     print(f"translating {len(src):,} sentences with beam {beam}", file=sys.stderr)
     hyps = translator.translate(src, beam=args.beam)
     scores = score_corpus(hyps, refs, translator.config.data.tgt_lang)  # and the literature's
-    scores["source"] = source  # what was scored: a corpus split, or the two files
-    scores["beam"] = beam  # and how it was decoded
-    scores["branch_weights"] = args.branch_weights
-    scores["seed"] = args.seed if args.branch_weights == "random" else None
-    scores["quantize"] = args.quantize
-    scores["engine"] = args.engine
-    scores["weights"] = args.weights
+    scores |= {  # what was scored (a corpus split, or the two files) and how it was decoded
+        "source": source, "beam": beam, "branch_weights": args.branch_weights,
+        "seed": args.seed if args.branch_weights == "random" else None,
+        "quantize": args.quantize, "engine": args.engine, "weights": args.weights,
+    }  # fmt: skip
     d = translator.config.decode
     scores["length_penalty"] = {"alpha": d.length_penalty, "form": d.length_penalty_form}
     out = Path(args.run_dir) / "eval"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import html
 import json
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from wtnmt.analysis.tables import (
     runs_table,
     seeds_test_table,
     steps_to_bleu_table,
+    too_few_seeds,
 )
 
 
@@ -247,13 +247,8 @@ def analyze(
     across_seeds = seeds_test_table(runs, tested)
     if across_seeds is not None:
         report.tables.append(across_seeds)
-    seeds = Counter(r.group for r in runs)
-    for model, baseline in tested:
-        if min(seeds[model], seeds[baseline]) < 2:
-            say(
-                f"--pair {model}:{baseline}: not tested, {seeds[model]} + {seeds[baseline]} "
-                "seeds (a test across seeds needs two a side)"
-            )
+    for model, baseline, n, k in too_few_seeds(runs, tested):
+        say(f"--pair {model}:{baseline}: not tested, {n} + {k} seeds (a test needs two a side)")
     first_best = runs[0].metrics.best_valid if runs else None
     target = target_bleu if target_bleu is not None else (first_best or {}).get("valid_bleu")
     if target is not None:

@@ -4,6 +4,7 @@ report renders to Markdown and HTML and keeps in ``analysis.json``."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -199,6 +200,15 @@ def model_pairs(pairs: list[str], models: list[str], what: str) -> list[tuple[st
     return found
 
 
+def too_few_seeds(
+    runs: list[Run], pairs: Sequence[tuple[str, str]]
+) -> list[tuple[str, str, int, int]]:
+    """The pairs (model, baseline) with fewer than two seeds on a side, with their counts:
+    one seed has no spread to test against."""
+    seeds = Counter(run.group for run in runs)
+    return [(m, b, seeds[m], seeds[b]) for m, b in pairs if min(seeds[m], seeds[b]) < 2]
+
+
 def seeds_test_table(runs: list[Run], pairs: Sequence[tuple[str, str]] = ()) -> Table | None:
     """Each model against the first, and each of ``pairs`` (model, baseline), over their
     seeds' test scores, best dev BLEU (greedy, as logged), lowest dev loss and steps to within
@@ -231,12 +241,9 @@ def seeds_test_table(runs: list[Run], pairs: Sequence[tuple[str, str]] = ()) -> 
         "(up to 20,000 of them), so its p cannot go below 1/splits, nor below 2/splits with as "
         "many seeds a side (0.1 at 3 + 3)",
     )
-    untested = []
+    untested = too_few_seeds(runs, compared)
     for name, baseline in compared:
-        if len(groups[name]) < 2 or len(groups[baseline]) < 2:
-            untested.append(
-                f"{name} against {baseline} ({len(groups[name])} + {len(groups[baseline])} seeds)"
-            )
+        if any(u[:2] == (name, baseline) for u in untested):
             continue
         for key, label in _TESTED_SCORES:
             a = [_seed_score(r, key) for r in groups[name]]
@@ -258,7 +265,9 @@ def seeds_test_table(runs: list[Run], pairs: Sequence[tuple[str, str]] = ()) -> 
                 ]
             )
     if untested:
-        table.note += "; not tested, fewer than two seeds a side: " + ", ".join(untested)
+        table.note += "; not tested, fewer than two seeds a side: " + ", ".join(
+            f"{m} against {b} ({n} + {k} seeds)" for m, b, n, k in untested
+        )
     return table if table.rows or pairs else None
 
 
