@@ -130,6 +130,35 @@ def score_run(
     return result
 
 
+def keep_decoding(
+    run_dir: Path,
+    scores: dict[str, Any],
+    *,
+    split: str,
+    beam: int,
+    weights: str,
+    branch_weights: str,
+    seed: int,
+    hypotheses: str,
+    seconds: float,
+) -> Path:
+    """Keep a decoding of the run's ``split`` made elsewhere (`wtnmt evaluate`'s, decoded as
+    ``score_run`` decodes) as the score ``score_run`` reads back for these weights, so that
+    analyzing after evaluating decodes it no more. ``scores``: ``score_corpus``'s, given the
+    target language; ``hypotheses``: their file in the run."""
+    from wtnmt.data.corpora import sha256_of
+    from wtnmt.safe_files import atomic_write
+
+    how = {"split": split, "beam": beam, "weights": weights}
+    how |= {"branch_weights": branch_weights, "seed": seed}
+    path = kept_score(run_dir, **how)
+    record = {**scores, **how, "seed": seed if branch_weights == "random" else None}
+    record |= {"hypotheses": hypotheses, "decode_seconds": round(seconds, 1)}
+    record["weights_sha256"] = sha256_of(run_dir / weights)
+    atomic_write(path, (json.dumps(record, indent=2) + "\n").encode())
+    return path
+
+
 def kept_or_decoded(run_dir: Path, decode: bool, **how: Any) -> dict[str, Any] | None:
     """The score ``how`` asks for (``score_run``'s arguments): decoded (or read back) where
     ``decode`` and the weights are here, else the one kept in ``eval/``, else None."""
@@ -203,6 +232,7 @@ __all__ = [
     "bootstrap",
     "branch_weight_ablation",
     "has_score",
+    "keep_decoding",
     "kept_or_decoded",
     "kept_score",
     "read_hypotheses",

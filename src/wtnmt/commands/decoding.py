@@ -1,5 +1,5 @@
-"""What each `wtnmt` command does, given its parsed arguments (the parser is in
-``wtnmt.cli``). Heavy imports (torch, the model) happen inside the command that needs them."""
+"""`wtnmt translate` and `wtnmt evaluate`: decoding with a run's weights, given parsed
+arguments (the parser is in ``wtnmt.cli``)."""
 
 from __future__ import annotations
 
@@ -8,98 +8,10 @@ import contextlib
 import dataclasses
 import json
 import sys
+import time
 from pathlib import Path
 
-from wtnmt.config import (
-    ConfigError,
-    DataConfig,
-    config_from_dict,
-    config_to_dict,
-    load_config,
-    parse_override,
-)
-
-
-def _data_config(args: argparse.Namespace) -> DataConfig:
-    """The data section of CONFIG (or the defaults) with the command line's choices on top,
-    typed and validated as a config file is."""
-    if (args.src is None) != (args.tgt is None):
-        raise ConfigError("--src and --tgt go together: give both")
-    if args.src and (args.corpus or args.tsv):
-        other = "--corpus" if args.corpus else "--tsv"
-        raise ConfigError(f"{other} and --src/--tgt name two sources of training data: give one")
-    data = config_to_dict(load_config(args.config, args.set))["data"] if args.config else {}
-    if not args.config:
-        for text in args.set:
-            keys, value = parse_override(text)
-            if keys[0] != "data" or len(keys) != 2:
-                raise ConfigError(f"--set {text!r}: without CONFIG only data.* keys apply")
-            data[keys[1]] = value
-    sources = {"corpus": args.corpus, "train_src": args.src, "train_tsv": args.tsv}
-    if any(sources.values()):  # the source given here replaces the config's
-        data.update(corpus=args.corpus, train_src=args.src, train_tgt=args.tgt, train_tsv=args.tsv)
-    for key in (
-        "src_lang",
-        "tgt_lang",
-        "vocab_size",
-        "corpus_dir",
-        "valid_src",
-        "valid_tgt",
-        "test_src",
-        "test_tgt",
-        "spm_max_sentences",
-    ):
-        value = getattr(args, key)
-        if value is not None:
-            data[key] = value
-    return config_from_dict({"data": data}).data
-
-
-def cmd_prepare(args: argparse.Namespace) -> int:
-    from wtnmt.data import format_summary, prepare
-
-    config = _data_config(args)
-    out = args.out or config.prepared_path()
-    if args.workers is not None and args.workers < 1:
-        raise ConfigError(f"--workers {args.workers}: must be at least 1")
-    summary = prepare(
-        config,
-        out,
-        log=lambda m: print(m, file=sys.stderr),
-        force=args.force,
-        workers=args.workers,
-    )
-    print(format_summary(summary))
-    print(f"prepared data: {Path(out)}  (summary.json there)")
-    if args.json:
-        print(json.dumps(summary, indent=2, ensure_ascii=False))
-    return 0
-
-
-def cmd_train(args: argparse.Namespace) -> int:
-    from wtnmt.runtime import tune_cpu_allocator
-    from wtnmt.train import Trainer
-
-    config = load_config(args.config, args.set)
-    out = Path(args.out or Path("runs") / Path(args.config).stem)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out}: is a file; --out names the run directory")
-    if out.resolve() == config.data.prepared_path().resolve():
-        raise ConfigError(
-            f"--out {out}: is the prepared-data directory (data.prepared_dir); "
-            f"give the run a directory of its own"
-        )
-    tune_cpu_allocator()
-    trainer = Trainer(config, out, resume=args.resume)
-    try:
-        state = trainer.run()
-    except KeyboardInterrupt:
-        return 130
-    print(
-        f"{out}: {state.step} steps, stopped because {state.finished}; weights in "
-        f"{out / 'model.safetensors'}"
-    )
-    return 0
+from wtnmt.config import ConfigError
 
 
 def _read_input(path: str | None):  # type: ignore[no-untyped-def]
@@ -228,6 +140,36 @@ def _output(path: str | None):  # type: ignore[no-untyped-def]
         yield out
 
 
+def _analyzed_split(translator, args, src, refs, lenpen: bool) -> str | None:  # type: ignore[no-untyped-def]
+    """The split of the run's own data that `wtnmt evaluate` has just decoded as `wtnmt
+    analyze` decodes it (the same pairs; the PyTorch engine in float32, with the run's length
+    penalty), or None."""
+    from wtnmt.analysis.scoring import split_pairs
+    from wtnmt.data import DataError
+    from wtnmt.safe_files import is_same_file
+
+    if args.engine != "pytorch" or args.quantize != "none" or lenpen:
+        return None
+    data = translator.config.data
+    if args.corpus:
+        splits = [args.split] if args.corpus == data.corpus else []
+    else:
+        splits = [
+            split
+            for split in ("test", "valid")
+            if getattr(data, f"{split}_src") and getattr(data, f"{split}_tgt")
+            and is_same_file(args.src, getattr(data, f"{split}_src"))
+            and is_same_file(args.ref, getattr(data, f"{split}_tgt"))
+        ]  # fmt: skip
+    for split in splits:
+        try:
+            if split_pairs(Path(args.run_dir), split) == (src, refs):
+                return split
+        except (ConfigError, DataError, OSError):  # the run's data is not here
+            continue
+    return None
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from wtnmt.decode.evaluate import paired_bootstrap, score_corpus, update_scores
     from wtnmt.decode.translator import Translator
@@ -283,16 +225,19 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         name += f".{args.quantize}"
     if args.engine != "pytorch":
         name += f".{args.engine}"
-    if _length_penalty(translator, args):
+    lenpen = _length_penalty(translator, args)
+    if lenpen:
         d = translator.config.decode
         name += f".lenpen{d.length_penalty:g}-{d.length_penalty_form}"
     beam = args.beam or translator.config.decode.beam
     if beam != translator.config.decode.beam:  # --beam 2, then the run's beam: two files
         name += f".beam{beam}"
     print(f"translating {len(src):,} sentences with beam {beam}", file=sys.stderr)
+    start = time.perf_counter()
     hyps = translator.translate(src, beam=args.beam)
-    scores = score_corpus(hyps, refs, translator.config.data.tgt_lang)  # and the literature's
-    scores |= {  # what was scored (a corpus split, or the two files) and how it was decoded
+    seconds = time.perf_counter() - start
+    scored = score_corpus(hyps, refs, translator.config.data.tgt_lang)  # and the literature's
+    scores = scored | {  # what was scored (a corpus split, or the two files) and how decoded
         "source": source, "beam": beam, "branch_weights": args.branch_weights,
         "seed": args.seed if args.branch_weights == "random" else None,
         "quantize": args.quantize, "engine": args.engine, "weights": args.weights,
@@ -302,6 +247,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     out = Path(args.run_dir) / "eval"
     out.mkdir(exist_ok=True)
     (out / f"{name}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    split = _analyzed_split(translator, args, src, refs, lenpen)
+    if split is not None:  # the decoding `wtnmt analyze` makes: kept for it to read
+        from wtnmt.analysis.scoring import keep_decoding
+
+        keep_decoding(
+            Path(args.run_dir), scored, split=split, beam=beam, weights=args.weights,
+            branch_weights=args.branch_weights, seed=args.seed,
+            hypotheses=f"eval/{name}.hyp", seconds=seconds,
+        )  # fmt: skip
     if args.compare:
         other = Translator.load(args.compare, device=args.device).translate(src, beam=args.beam)
         scores["compare"] = {
@@ -324,76 +278,4 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             f"(paired bootstrap)"
         )
     print(f"hypotheses: {out / (name + '.hyp')}   scores: {Path(args.run_dir) / 'scores.json'}")
-    return 0
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    from wtnmt.export import export
-
-    out = export(
-        args.format,
-        args.run_dir,
-        args.out,
-        weights=args.weights,
-        quantize=args.quantize,
-        force=args.force,
-    )
-    print(f"{args.format} export: {out}")
-    return 0
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from wtnmt.demo import main_demo
-
-    return main_demo(args)
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    from wtnmt.serve.main import main_serve
-
-    return main_serve(args)
-
-
-def _positive(name: str, value: int, least: int = 1) -> None:
-    if value < least:
-        raise ConfigError(f"{name} {value}: must be at least {least}")
-
-
-def cmd_analyze(args: argparse.Namespace) -> int:
-    from wtnmt.analysis.report import analyze
-
-    _positive("--smooth", args.smooth)
-    _positive("--random-seeds", args.random_seeds)
-    _positive("--sentence", args.sentence, least=0)
-    for run in args.runs:
-        if not (Path(run) / "metrics.jsonl").is_file() or not (Path(run) / "config.yaml").is_file():
-            raise ConfigError(f"{run}: not a run directory (no metrics.jsonl and config.yaml)")
-    analyze(
-        args.runs,
-        args.out,
-        target_bleu=args.target_bleu,
-        window=args.smooth,
-        random_seeds=args.random_seeds,
-        sentence=args.sentence,
-        decode=not args.no_decode,
-        pairs=args.pair,
-        say=lambda m: print(m, file=sys.stderr),
-    )
-    return 0
-
-
-def cmd_experiment(args: argparse.Namespace) -> int:
-    from wtnmt.experiment.command import cmd_experiment as run
-
-    return run(args)
-
-
-def cmd_average(args: argparse.Namespace) -> int:
-    from wtnmt.rundir.average import average_run
-
-    record = average_run(args.run_dir, args.out, last=args.last)
-    print(
-        f"{args.out}: the mean of {len(record['checkpoints'])} checkpoints of {args.run_dir} "
-        f"({', '.join(record['checkpoints'])})"
-    )
     return 0

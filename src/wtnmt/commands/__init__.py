@@ -1,0 +1,27 @@
+"""What each `wtnmt` command does, given its parsed arguments (the parser is in
+``wtnmt.cli``). Heavy imports (torch, the model) happen inside the command that needs them."""
+
+from wtnmt.commands.decoding import cmd_evaluate, cmd_translate
+from wtnmt.commands.runs import (
+    cmd_analyze,
+    cmd_average,
+    cmd_demo,
+    cmd_experiment,
+    cmd_export,
+    cmd_prepare,
+    cmd_serve,
+    cmd_train,
+)
+
+__all__ = [
+    "cmd_analyze",
+    "cmd_average",
+    "cmd_demo",
+    "cmd_evaluate",
+    "cmd_experiment",
+    "cmd_export",
+    "cmd_prepare",
+    "cmd_serve",
+    "cmd_train",
+    "cmd_translate",
+]

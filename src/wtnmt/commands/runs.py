@@ -1,0 +1,172 @@
+"""`wtnmt prepare`, `train`, `export`, `demo`, `serve`, `analyze`, `experiment` and
+`average`, given parsed arguments (the parser is in ``wtnmt.cli``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from wtnmt.config import (
+    ConfigError,
+    DataConfig,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    parse_override,
+)
+
+
+def _data_config(args: argparse.Namespace) -> DataConfig:
+    """The data section of CONFIG (or the defaults) with the command line's choices on top,
+    typed and validated as a config file is."""
+    if (args.src is None) != (args.tgt is None):
+        raise ConfigError("--src and --tgt go together: give both")
+    if args.src and (args.corpus or args.tsv):
+        other = "--corpus" if args.corpus else "--tsv"
+        raise ConfigError(f"{other} and --src/--tgt name two sources of training data: give one")
+    data = config_to_dict(load_config(args.config, args.set))["data"] if args.config else {}
+    if not args.config:
+        for text in args.set:
+            keys, value = parse_override(text)
+            if keys[0] != "data" or len(keys) != 2:
+                raise ConfigError(f"--set {text!r}: without CONFIG only data.* keys apply")
+            data[keys[1]] = value
+    sources = {"corpus": args.corpus, "train_src": args.src, "train_tsv": args.tsv}
+    if any(sources.values()):  # the source given here replaces the config's
+        data.update(corpus=args.corpus, train_src=args.src, train_tgt=args.tgt, train_tsv=args.tsv)
+    for key in (
+        "src_lang",
+        "tgt_lang",
+        "vocab_size",
+        "corpus_dir",
+        "valid_src",
+        "valid_tgt",
+        "test_src",
+        "test_tgt",
+        "spm_max_sentences",
+    ):
+        value = getattr(args, key)
+        if value is not None:
+            data[key] = value
+    return config_from_dict({"data": data}).data
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from wtnmt.data import format_summary, prepare
+
+    config = _data_config(args)
+    out = args.out or config.prepared_path()
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(f"--workers {args.workers}: must be at least 1")
+    summary = prepare(
+        config,
+        out,
+        log=lambda m: print(m, file=sys.stderr),
+        force=args.force,
+        workers=args.workers,
+    )
+    print(format_summary(summary))
+    print(f"prepared data: {Path(out)}  (summary.json there)")
+    if args.json:
+        print(json.dumps(summary, indent=2, ensure_ascii=False))
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from wtnmt.runtime import tune_cpu_allocator
+    from wtnmt.train import Trainer
+
+    config = load_config(args.config, args.set)
+    out = Path(args.out or Path("runs") / Path(args.config).stem)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: is a file; --out names the run directory")
+    if out.resolve() == config.data.prepared_path().resolve():
+        raise ConfigError(
+            f"--out {out}: is the prepared-data directory (data.prepared_dir); "
+            f"give the run a directory of its own"
+        )
+    tune_cpu_allocator()
+    trainer = Trainer(config, out, resume=args.resume)
+    try:
+        state = trainer.run()
+    except KeyboardInterrupt:
+        return 130
+    print(
+        f"{out}: {state.step} steps, stopped because {state.finished}; weights in "
+        f"{out / 'model.safetensors'}"
+    )
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from wtnmt.export import export
+
+    out = export(
+        args.format,
+        args.run_dir,
+        args.out,
+        weights=args.weights,
+        quantize=args.quantize,
+        force=args.force,
+    )
+    print(f"{args.format} export: {out}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from wtnmt.demo import main_demo
+
+    return main_demo(args)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from wtnmt.serve.main import main_serve
+
+    return main_serve(args)
+
+
+def _positive(name: str, value: int, least: int = 1) -> None:
+    if value < least:
+        raise ConfigError(f"{name} {value}: must be at least {least}")
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from wtnmt.analysis.report import analyze
+
+    _positive("--smooth", args.smooth)
+    _positive("--random-seeds", args.random_seeds)
+    _positive("--sentence", args.sentence, least=0)
+    for run in args.runs:
+        if not (Path(run) / "metrics.jsonl").is_file() or not (Path(run) / "config.yaml").is_file():
+            raise ConfigError(f"{run}: not a run directory (no metrics.jsonl and config.yaml)")
+    analyze(
+        args.runs,
+        args.out,
+        target_bleu=args.target_bleu,
+        window=args.smooth,
+        random_seeds=args.random_seeds,
+        sentence=args.sentence,
+        decode=not args.no_decode,
+        pairs=args.pair,
+        say=lambda m: print(m, file=sys.stderr),
+    )
+    return 0
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from wtnmt.experiment.command import cmd_experiment as run
+
+    return run(args)
+
+
+def cmd_average(args: argparse.Namespace) -> int:
+    from wtnmt.rundir.average import average_run
+
+    record = average_run(args.run_dir, args.out, last=args.last)
+    print(
+        f"{args.out}: the mean of {len(record['checkpoints'])} checkpoints of {args.run_dir} "
+        f"({', '.join(record['checkpoints'])})"
+    )
+    return 0
