@@ -130,3 +130,27 @@ def two_processes(code: str, *, timeout: float = 240) -> None:
         for p in procs:
             p.kill()
         raise AssertionError(f"the two ranks did not finish in {timeout:g} s") from None
+
+
+def scored_tiny_runs(tmp: Path) -> list[Path]:
+    """Two tiny runs in ``tmp``: a Weighted Transformer and a Transformer, each scored on its
+    test split as the experiment runner scores it (in its scores.json and eval/)."""
+    import json
+
+    from wtnmt.analysis.scoring import score_run
+    from wtnmt.experiment.job import training_summary
+    from wtnmt.train import Trainer
+
+    out = []
+    for name, attention in (("weighted-s1", "branched"), ("transformer-s1", "multihead")):
+        config = tiny_run_config(
+            tmp,
+            model={"attention": attention},
+            train={"max_steps": 12, "valid_every": 4, "log_every": 2, "freeze_branch_weights": 4},
+        )
+        Trainer(config, tmp / name, log_to_stderr=False).run()
+        out.append(tmp / name)
+    for run in out:
+        scores = {"run": run.name, **training_summary(run), "test": score_run(run)}
+        (run / "scores.json").write_text(json.dumps(scores))
+    return out

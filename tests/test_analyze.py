@@ -13,7 +13,7 @@ import torch
 import yaml
 from PIL import Image
 
-from helpers import tiny_run_config
+from helpers import scored_tiny_runs
 from wtnmt.analysis.figures import frozen_from, loss_pairs
 from wtnmt.analysis.metrics import RunMetrics, steps_to_bleu
 from wtnmt.analysis.report import analyze
@@ -21,31 +21,11 @@ from wtnmt.analysis.scoring import branch_weight_ablation
 from wtnmt.cli import main
 from wtnmt.model import branch_weight_table
 from wtnmt.rundir import load_run
-from wtnmt.train import Trainer
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> list[Path]:
-    """Two tiny runs: a Weighted Transformer and a Transformer, each scored on its test split
-    as the experiment runner scores it."""
-    from wtnmt.experiment.job import training_summary
-
-    tmp = tmp_path_factory.mktemp("analyze")
-    out = []
-    for name, attention in (("weighted-s1", "branched"), ("transformer-s1", "multihead")):
-        config = tiny_run_config(
-            tmp,
-            model={"attention": attention},
-            train={"max_steps": 12, "valid_every": 4, "log_every": 2, "freeze_branch_weights": 4},
-        )
-        Trainer(config, tmp / name, log_to_stderr=False).run()
-        out.append(tmp / name)
-    from wtnmt.analysis.scoring import score_run
-
-    for run in out:
-        scores = {"run": run.name, **training_summary(run), "test": score_run(run)}
-        (run / "scores.json").write_text(json.dumps(scores))
-    return out
+    return scored_tiny_runs(tmp_path_factory.mktemp("analyze"))
 
 
 def _markdown_table(text: str, title: str) -> list[list[str]]:
@@ -195,17 +175,6 @@ def test_analyze_command_line(runs, tmp_path, capsys):
     assert "--smooth 0: must be at least 1" in capsys.readouterr().err
 
 
-def test_evaluate_keeps_the_experiment_scores_of_a_run(runs, tmp_path, capsys):
-    run = runs[1]
-    before = json.loads((run / "scores.json").read_text())["test"]
-    src, ref = tmp_path / "a.src", tmp_path / "a.ref"
-    src.write_text("alpha beta\n")
-    ref.write_text("AHPLA ATEB\n")
-    assert main(["evaluate", str(run), "--src", str(src), "--ref", str(ref)]) == 0
-    scores = json.loads((run / "scores.json").read_text())
-    assert scores["test"] == before and scores["n_sentences"] == 1
-
-
 def test_disagreement_scores_of_analyze_equal_the_training_regularizer(runs, tmp_path):
     from wtnmt.analysis.deep import dev_batches, disagreement_on
     from wtnmt.disagreement import MODULE_KINDS, TERMS, disagreement
@@ -235,56 +204,6 @@ def test_disagreement_scores_of_analyze_equal_the_training_regularizer(runs, tmp
     # the per-layer figure draws the same numbers (one seed: the model's mean is the run's)
     assert result["data"]["disagreement.png"]["weighted"] == full
     assert (tmp_path / "disagreement.png").stat().st_size > 1000
-
-
-def test_cached_scores_are_recomputed_for_new_weights(runs):
-    from wtnmt.analysis.scoring import score_run
-
-    run = runs[1]
-    first = score_run(run)
-    cache = run / "eval" / "test.beam4.json"  # named by the run's own beam, none being asked
-    assert first["beam"] == 4 and first["hypotheses"] == "eval/test.beam4.hyp"
-    kept = json.loads(cache.read_text())
-    assert kept["weights_sha256"] is not None
-    cache.write_text(json.dumps({**kept, "bleu": -1.0}))
-    assert score_run(run)["bleu"] == -1.0  # the same weights: the kept result
-    cache.write_text(json.dumps({**kept, "bleu": -1.0, "weights_sha256": "other"}))
-    assert score_run(run)["bleu"] == first["bleu"]  # other weights: decoded again
-
-
-def test_a_score_kept_from_before_moses_bleu_gets_it_from_its_hypotheses(runs, tmp_path):
-    import shutil
-
-    from wtnmt.analysis.scoring import read_hypotheses, score_run, split_pairs
-    from wtnmt.decode.evaluate import moses_bleu
-
-    clone = tmp_path / runs[1].name  # committed results: no weights to decode with
-    shutil.copytree(runs[1], clone, ignore=shutil.ignore_patterns("*.safetensors", "checkpoints"))
-    cache = clone / "eval" / "test.beam4.json"
-    kept = json.loads(cache.read_text())
-    old = {k: v for k, v in kept.items() if not k.startswith("bleu_moses")}
-    cache.write_text(json.dumps(old))
-    got = score_run(clone)
-    hyps, refs = read_hypotheses(clone, old), split_pairs(clone, "test")[1]
-    assert got == {**old, **moses_bleu(hyps, refs, "yy")} == json.loads(cache.read_text())
-    assert got["bleu_moses"] == kept["bleu_moses"]
-
-
-def test_scores_kept_under_the_name_without_a_beam_are_found_by_the_beam(runs, tmp_path):
-    """Scores kept before names carried the run's own beam (``test.beamdefault``, the
-    committed grids') answer for that beam, asked or not; another beam's do not."""
-    import shutil
-
-    from wtnmt.analysis.scoring import has_score, kept_score, score_run
-
-    first = score_run(runs[1])
-    clone = tmp_path / runs[1].name  # committed results: no weights to decode with
-    shutil.copytree(runs[1], clone, ignore=shutil.ignore_patterns("*.safetensors", "checkpoints"))
-    (clone / "eval" / "test.beam4.json").rename(clone / "eval" / "test.beamdefault.json")
-    assert kept_score(clone).name == kept_score(clone, beam=4).name == "test.beamdefault.json"
-    assert score_run(clone, beam=4) == score_run(clone) == first
-    assert has_score(clone) and not has_score(clone, beam=2)
-    assert kept_score(clone, beam=2).name == "test.beam2.json"
 
 
 def test_a_clone_without_weights_reports_the_same_numbers(runs, tmp_path):
@@ -384,43 +303,3 @@ def test_the_runs_table_says_which_weights_its_test_scores_are_of(runs, tmp_path
     del scores["test"]["average"]
     (clones[0] / "scores.json").write_text(json.dumps(scores))
     assert note("mixed").startswith("the weights each run's scores.json names")
-
-
-def test_analyze_reads_what_evaluate_decoded_of_the_runs_test_split(runs, tmp_path, monkeypatch):
-    """`wtnmt evaluate` of the run's own test files keeps its decoding where analyze looks for
-    it (the same record analyze's own decoding makes): analyzing after it decodes nothing."""
-    import shutil
-
-    from wtnmt.analysis.scoring import kept_score, read_hypotheses, score_run
-    from wtnmt.config import load_config
-    from wtnmt.decode.translator import Translator
-
-    hand = tmp_path / runs[1].name
-    shutil.copytree(runs[1], hand, ignore=shutil.ignore_patterns("eval", "checkpoints"))
-    data = load_config(hand / "config.yaml").data
-    assert main(["evaluate", str(hand), "--src", data.test_src, "--ref", data.test_tgt]) == 0
-    evaluated = json.loads((hand / "eval" / "test.scores.json").read_text())
-
-    with monkeypatch.context() as patch:  # analyze may not decode
-        patch.setattr(Translator, "load", lambda *a, **k: pytest.fail("decoded again"))
-        kept = score_run(hand)
-    assert kept["hypotheses"] == "eval/test.hyp"
-    assert {k: kept[k] for k in ("bleu", "chrf", "bleu_lc", "bleu_moses")} == {
-        k: evaluated[k] for k in ("bleu", "chrf", "bleu_lc", "bleu_moses")
-    }
-    kept_score(hand).unlink()
-    decoded = score_run(hand)  # analyze's own decoding of the same weights: the same record
-    assert decoded.keys() == kept.keys()
-    differ = {"hypotheses", "decode_seconds"}
-    assert {k: v for k, v in decoded.items() if k not in differ} == {
-        k: v for k, v in kept.items() if k not in differ
-    }
-    assert read_hypotheses(hand, decoded) == read_hypotheses(hand, kept)
-
-    kept_score(hand).unlink()  # decoded otherwise than analyze decodes, or other files
-    assert main(["evaluate", str(hand), "--src", data.test_src, "--ref", data.test_tgt,
-                 "--lenpen", "0.6"]) == 0  # fmt: skip
-    shutil.copy(data.test_src, tmp_path / "mine.src")
-    assert main(["evaluate", str(hand), "--src", str(tmp_path / "mine.src"), "--ref",
-                 data.test_tgt]) == 0  # fmt: skip
-    assert not kept_score(hand).exists()
