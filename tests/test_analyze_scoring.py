@@ -81,39 +81,46 @@ def test_scores_kept_under_the_name_without_a_beam_are_found_by_the_beam(runs, t
 
 def test_analyze_reads_what_evaluate_decoded_of_the_runs_test_split(runs, tmp_path, monkeypatch):
     """`wtnmt evaluate` of the run's own test files keeps its decoding where analyze looks for
-    it (the same record analyze's own decoding makes): analyzing after it decodes nothing."""
+    it (the same record analyze's own decoding makes), κ, α replaced (Table 3) too: analyzing
+    after it decodes nothing."""
     import shutil
 
     from wtnmt.analysis.scoring import kept_score, read_hypotheses, score_run
     from wtnmt.config import load_config
     from wtnmt.decode.translator import Translator
 
-    hand = tmp_path / runs[1].name
-    shutil.copytree(runs[1], hand, ignore=shutil.ignore_patterns("eval", "checkpoints"))
+    hand = tmp_path / runs[0].name  # the Weighted Transformer
+    shutil.copytree(runs[0], hand, ignore=shutil.ignore_patterns("eval", "checkpoints"))
     data = load_config(hand / "config.yaml").data
-    assert main(["evaluate", str(hand), "--src", data.test_src, "--ref", data.test_tgt]) == 0
-    evaluated = json.loads((hand / "eval" / "test.scores.json").read_text())
-
-    with monkeypatch.context() as patch:  # analyze may not decode
-        patch.setattr(Translator, "load", lambda *a, **k: pytest.fail("decoded again"))
-        kept = score_run(hand)
-    assert kept["hypotheses"] == "eval/test.hyp"
-    assert {k: kept[k] for k in ("bleu", "chrf", "bleu_lc", "bleu_moses")} == {
-        k: evaluated[k] for k in ("bleu", "chrf", "bleu_lc", "bleu_moses")
-    }
-    kept_score(hand).unlink()
-    decoded = score_run(hand)  # analyze's own decoding of the same weights: the same record
-    assert decoded.keys() == kept.keys()
-    differ = {"hypotheses", "decode_seconds"}
-    assert {k: v for k, v in decoded.items() if k not in differ} == {
-        k: v for k, v in kept.items() if k not in differ
-    }
-    assert read_hypotheses(hand, decoded) == read_hypotheses(hand, kept)
+    test = ["evaluate", str(hand), "--src", data.test_src, "--ref", data.test_tgt]
+    ways = [  # evaluate's options, the name of its files, how analyze asks for that decoding
+        ([], "test", {}),
+        (["--branch-weights", "random", "--seed", "2"], "test.random-seed2",
+         {"branch_weights": "random", "seed": 2}),
+        (["--branch-weights", "uniform", "--seed", "3"], "test.uniform",
+         {"branch_weights": "uniform"}),
+    ]  # fmt: skip
+    for options, stem, how in ways:
+        assert main([*test, *options]) == 0
+        evaluated = json.loads((hand / "eval" / f"{stem}.scores.json").read_text())
+        with monkeypatch.context() as patch:  # analyze may not decode
+            patch.setattr(Translator, "load", lambda *a, **k: pytest.fail("decoded again"))
+            kept = score_run(hand, **how)
+        assert kept["hypotheses"] == f"eval/{stem}.hyp", options
+        assert {k: kept[k] for k in ("bleu", "chrf", "bleu_lc", "bleu_moses")} == {
+            k: evaluated[k] for k in ("bleu", "chrf", "bleu_lc", "bleu_moses")
+        }
+        kept_score(hand, **how).unlink()
+        decoded = score_run(hand, **how)  # analyze's own decoding of the same weights
+        assert decoded.keys() == kept.keys()
+        differ = {"hypotheses", "decode_seconds"}
+        assert {k: v for k, v in decoded.items() if k not in differ} == {
+            k: v for k, v in kept.items() if k not in differ
+        }
+        assert read_hypotheses(hand, decoded) == read_hypotheses(hand, kept)
 
     kept_score(hand).unlink()  # decoded otherwise than analyze decodes, or other files
-    assert main(["evaluate", str(hand), "--src", data.test_src, "--ref", data.test_tgt,
-                 "--lenpen", "0.6"]) == 0  # fmt: skip
+    assert main([*test, "--lenpen", "0.6"]) == 0
     shutil.copy(data.test_src, tmp_path / "mine.src")
-    assert main(["evaluate", str(hand), "--src", str(tmp_path / "mine.src"), "--ref",
-                 data.test_tgt]) == 0  # fmt: skip
+    assert main([*test[:3], str(tmp_path / "mine.src"), *test[4:]]) == 0
     assert not kept_score(hand).exists()

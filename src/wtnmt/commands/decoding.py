@@ -253,8 +253,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
         keep_decoding(
             Path(args.run_dir), scored, split=split, beam=beam, weights=args.weights,
-            branch_weights=args.branch_weights, seed=args.seed,
-            hypotheses=f"eval/{name}.hyp", seconds=seconds,
+            branch_weights=args.branch_weights, hypotheses=f"eval/{name}.hyp", seconds=seconds,
+            seed=args.seed if args.branch_weights == "random" else 0,  # its seed names a draw
         )  # fmt: skip
     if args.compare:
         other = Translator.load(args.compare, device=args.device).translate(src, beam=args.beam)
