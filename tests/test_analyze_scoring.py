@@ -79,7 +79,9 @@ def test_scores_kept_under_the_name_without_a_beam_are_found_by_the_beam(runs, t
     assert kept_score(clone, beam=2).name == "test.beam2.json"
 
 
-def test_analyze_reads_what_evaluate_decoded_of_the_runs_test_split(runs, tmp_path, monkeypatch):
+def test_analyze_reads_what_evaluate_decoded_of_the_runs_test_split(
+    runs, tmp_path, monkeypatch, capsys
+):
     """`wtnmt evaluate` of the run's own test files keeps its decoding where analyze looks for
     it (the same record analyze's own decoding makes), κ, α replaced (Table 3) too: analyzing
     after it decodes nothing."""
@@ -102,6 +104,7 @@ def test_analyze_reads_what_evaluate_decoded_of_the_runs_test_split(runs, tmp_pa
     ]  # fmt: skip
     for options, stem, how in ways:
         assert main([*test, *options]) == 0
+        assert f"kept for `wtnmt analyze` as {kept_score(hand, **how)}" in capsys.readouterr().err
         evaluated = json.loads((hand / "eval" / f"{stem}.scores.json").read_text())
         with monkeypatch.context() as patch:  # analyze may not decode
             patch.setattr(Translator, "load", lambda *a, **k: pytest.fail("decoded again"))
@@ -124,3 +127,4 @@ def test_analyze_reads_what_evaluate_decoded_of_the_runs_test_split(runs, tmp_pa
     shutil.copy(data.test_src, tmp_path / "mine.src")
     assert main([*test[:3], str(tmp_path / "mine.src"), *test[4:]]) == 0
     assert not kept_score(hand).exists()
+    assert "kept for" not in capsys.readouterr().err

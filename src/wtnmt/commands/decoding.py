@@ -251,11 +251,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if split is not None:  # the decoding `wtnmt analyze` makes: kept for it to read
         from wtnmt.analysis.scoring import keep_decoding
 
-        keep_decoding(
+        kept = keep_decoding(
             Path(args.run_dir), scored, split=split, beam=beam, weights=args.weights,
             branch_weights=args.branch_weights, hypotheses=f"eval/{name}.hyp", seconds=seconds,
             seed=args.seed if args.branch_weights == "random" else 0,  # its seed names a draw
         )  # fmt: skip
+        print(f"the run's {split} split: kept for `wtnmt analyze` as {kept}", file=sys.stderr)
     if args.compare:
         other = Translator.load(args.compare, device=args.device).translate(src, beam=args.beam)
         scores["compare"] = {
