@@ -152,7 +152,8 @@ def _analyzed_split(translator, args, src, refs, lenpen: bool) -> str | None:  #
         return None
     data = translator.config.data
     if args.corpus:
-        splits = [args.split] if args.corpus == data.corpus else []
+        same = args.corpus == data.corpus and args.split in ("valid", "test")  # what analyze scores
+        splits = [args.split] if same else []
     else:
         splits = [
             split
