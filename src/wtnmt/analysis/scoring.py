@@ -73,6 +73,26 @@ def has_score(run_dir: Path, **how: Any) -> bool:
     return (run_dir / weights).is_file() or kept_score(run_dir, **how).is_file()
 
 
+def _record(
+    scores: dict[str, Any],
+    *,
+    split: str,
+    beam: int,
+    weights: str,
+    branch_weights: str,
+    seed: int,
+    hypotheses: str,
+    seconds: float,
+) -> dict[str, Any]:
+    """A kept score: the scores, then what was decoded and how (``score_run``'s arguments;
+    the seed only of a random draw), the hypotheses' file and the seconds decoding took."""
+    return {
+        **scores, "split": split, "beam": beam, "weights": weights,
+        "branch_weights": branch_weights, "seed": seed if branch_weights == "random" else None,
+        "hypotheses": hypotheses, "decode_seconds": round(seconds, 1),
+    }  # fmt: skip
+
+
 def score_run(
     run_dir: str | Path,
     *,
@@ -107,16 +127,12 @@ def score_run(
         (run_dir / "eval" / f"{name}.hyp").write_text(
             "".join(h + "\n" for h in hyps), encoding="utf-8"
         )
-        return {
-            **score_corpus(hyps, refs, translator.config.data.tgt_lang),
-            "split": split,
-            "beam": beam or translator.config.decode.beam,
-            "weights": weights,
-            "branch_weights": branch_weights,
-            "seed": seed if branch_weights == "random" else None,
-            "hypotheses": f"eval/{name}.hyp",
-            "decode_seconds": round(seconds, 1),
-        }
+        return _record(
+            score_corpus(hyps, refs, translator.config.data.tgt_lang),
+            split=split, beam=beam or translator.config.decode.beam, weights=weights,
+            branch_weights=branch_weights, seed=seed, hypotheses=f"eval/{name}.hyp",
+            seconds=seconds,
+        )  # fmt: skip
 
     result = _cached(path, run_dir / weights, compute)
     if "bleu_moses" not in result and (run_dir / result["hypotheses"]).is_file():
@@ -152,8 +168,7 @@ def keep_decoding(
     how = {"split": split, "beam": beam, "weights": weights}
     how |= {"branch_weights": branch_weights, "seed": seed}
     path = kept_score(run_dir, **how)
-    record = {**scores, **how, "seed": seed if branch_weights == "random" else None}
-    record |= {"hypotheses": hypotheses, "decode_seconds": round(seconds, 1)}
+    record = _record(scores, **how, hypotheses=hypotheses, seconds=seconds)
     record["weights_sha256"] = sha256_of(run_dir / weights)
     atomic_write(path, (json.dumps(record, indent=2) + "\n").encode())
     return path
