@@ -12,7 +12,7 @@ PYTEST_WORKERS ?= auto
 # Named corpora are found through WTNMT_DATA (yours, else ../shared/data when it is beside the
 # checkout), else downloaded; the demo and the tests on real corpora read it (empty: unset).
 WTNMT_DATA ?= $(if $(wildcard ../shared/data/tatoeba-deu-eng),$(abspath ../shared/data),)
-PYTEST := WTNMT_DATA="$(WTNMT_DATA)" $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+PYTEST := WTNMT_DATA="$(WTNMT_DATA)" $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: setup test test-slow test-avx2 lint format demo bench clean
 
@@ -37,10 +37,11 @@ test-slow: setup
 	$(PYTEST) -m slow
 
 # The model, training and decoding tests again on the kernels of a CPU with AVX2 only (no
-# AVX-512, no native bf16), so that a newer CPU checks the older path too.
+# AVX-512, no native bf16), so that a newer CPU checks the older path too (the learning-rate
+# schedule and the clock, test_schedule.py, are no kernel's: not rerun).
 AVX2_TESTS := tests/test_model.py tests/test_model_cache.py tests/test_branched.py \
 	tests/test_dropout.py tests/test_loss.py tests/test_train.py tests/test_resume.py \
-	tests/test_schedule.py tests/test_decode.py tests/test_translate.py tests/test_length_penalty.py \
+	tests/test_decode.py tests/test_translate.py tests/test_length_penalty.py \
 	tests/test_quantize.py tests/test_prune.py tests/test_precision.py
 # On a CPU whose best kernels are AVX2 already, `make test` ran exactly these: said, not rerun.
 test-avx2: setup
