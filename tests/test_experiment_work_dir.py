@@ -4,6 +4,7 @@ copied to where the grid file puts the run, where they are committed."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -264,6 +265,17 @@ def test_the_runner_keeps_the_curve_of_a_run_it_stops(tmp_path):
         "weighted-s1.try1.config.yaml",
         "weighted-s1.try1.metrics.jsonl",
     ]
+    # the work directory lost with its machine: the run starts over, and the plan says so and
+    # where the earlier try's curve stays
+    step = json.loads(kept.read_text().splitlines()[-1])["step"]
+    shutil.rmtree(tmp_path / "scratch")
+    said.clear()
+    assert run_grid(grid, say=said.append, dry_run=True) == {"weighted-s1": "train"}
+    assert (
+        f"  weighted-s1: train from its first update: no checkpoint in {spec.run_dir}; the "
+        f"curves of its earlier tries stay in {kept.parent}: weighted-s1.try1.metrics.jsonl "
+        f"(to step {step:,})"
+    ) in said, said
 
 
 def test_a_resumed_run_whose_config_gained_a_key_updates_its_try(tmp_path):

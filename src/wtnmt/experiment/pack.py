@@ -121,6 +121,16 @@ def drop_finished_curve(spec: RunSpec) -> tuple[Path, Path] | None:
     return kept
 
 
+def kept_tries(spec: RunSpec) -> list[Path]:
+    """The curves of the tries of a run trained in a work directory that the grid keeps in
+    ``interrupted/`` (``…/<run>.tryN.metrics.jsonl``), in order; none for a run trained where
+    the grid puts it."""
+    if spec.results_dir is None:
+        return []
+    where = spec.results_dir.parent / "interrupted"
+    return [_try_files(where, spec.name, n)[1] for n in _tries(where, spec.name)]
+
+
 def _attempt(spec: RunSpec) -> tuple[Path, bytes, bytes] | None:
     """Where the grid puts a run trained in a work directory, and the run's settings and curve
     there; None for a run trained where the grid puts it, or one that has logged nothing."""
@@ -267,6 +277,7 @@ __all__ = [
     "copy_results",
     "drop_finished_curve",
     "keep_interrupted_curve",
+    "kept_tries",
     "pack_results",
     "plan_archives",
     "result_files",

@@ -27,8 +27,14 @@ class Budget:
 
 def last_step(run_dir: Path) -> tuple[int, float] | None:
     """The run's last logged step and its seconds of updates."""
+    return curve_end(run_dir / "metrics.jsonl")
+
+
+def curve_end(metrics: Path) -> tuple[int, float] | None:
+    """The last step a curve (a run's ``metrics.jsonl``, or a copy of it) logged, and its
+    seconds of updates; None where it logged none or cannot be read."""
     try:
-        with open(run_dir / "metrics.jsonl", "rb") as f:
+        with open(metrics, "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
             lines = [x for x in f.read().decode("utf-8", "replace").splitlines() if '"loss"' in x]
         entry = json.loads(lines[-1])
@@ -73,4 +79,4 @@ def progress_line(spec: RunSpec, budget: Budget, seen: Sightings, now: float) ->
     return f"{spec.name} step {step}{cap} ({elapsed:.0f} s{eta})"
 
 
-__all__ = ["Budget", "Sightings", "last_step", "progress_line"]
+__all__ = ["Budget", "Sightings", "curve_end", "last_step", "progress_line"]

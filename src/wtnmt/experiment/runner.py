@@ -20,9 +20,14 @@ from typing import Any
 
 from wtnmt.config import config_to_dict
 from wtnmt.experiment.grid import Grid, RunSpec
-from wtnmt.experiment.pack import copy_results, drop_finished_curve, keep_interrupted_curve
+from wtnmt.experiment.pack import (
+    copy_results,
+    drop_finished_curve,
+    keep_interrupted_curve,
+    kept_tries,
+)
 from wtnmt.experiment.plan import FINISHED, Task, plan_task
-from wtnmt.experiment.progress import Budget, Sightings, progress_line
+from wtnmt.experiment.progress import Budget, Sightings, curve_end, progress_line
 from wtnmt.runtime import EMULATED_BF16_WARNING, bf16_emulated
 
 
@@ -112,6 +117,24 @@ def _keep_curve(spec: RunSpec, say) -> None:  # type: ignore[no-untyped-def]
         say(f"  {spec.name}: its curve so far kept as {kept[1]} (checkpoints in {spec.run_dir})")
 
 
+def _starting_over(task: Task) -> str:
+    """For a run to train from its first update that the grid tried before (its work
+    directory lost with a machine, say): that it starts over, and where the curves of the
+    earlier tries stay."""
+    tries = kept_tries(task.spec) if task.train and not task.resume else []
+    if not tries:
+        return ""
+    ends = [curve_end(path) for path in tries]
+    listed = ", ".join(
+        path.name + ("" if end is None else f" (to step {end[0]:,})")
+        for path, end in zip(tries, ends, strict=True)
+    )
+    return (
+        f" from its first update: no checkpoint in {task.spec.run_dir}; the curves of its "
+        f"earlier tries stay in {tries[0].parent}: {listed}"
+    )
+
+
 def _last_line(run_dir: Path) -> str:
     try:
         lines = (run_dir / "experiment.log").read_text(encoding="utf-8").splitlines()
@@ -152,7 +175,7 @@ def run_grid(  # type: ignore[no-untyped-def]
         f"{grid.parallel} at once, {grid.threads} thread{'s' if grid.threads > 1 else ''} each"
     )
     for task in tasks:
-        say(f"  {task.spec.name}: {task.said}")
+        say(f"  {task.spec.name}: {task.said}{_starting_over(task)}")
     emulated = [t.spec.name for t in tasks if t.train and _emulated_bf16(t.spec)]
     if emulated:
         say(f"{grid.path}: {EMULATED_BF16_WARNING} ({', '.join(emulated)})")
