@@ -71,6 +71,11 @@ def _write_if_changed(target: Path, data: bytes) -> bool:
     return True
 
 
+def _tries_dir(results: Path) -> Path:
+    """Where the grid keeps the tries of the run whose results go to ``results``."""
+    return results.parent / "interrupted"
+
+
 def _try_files(where: Path, run: str, number: int) -> tuple[Path, Path]:
     """The config and the curve of try ``number`` of ``run`` kept in ``where``."""
     return where / f"{run}.try{number}.config.yaml", where / f"{run}.try{number}.metrics.jsonl"
@@ -88,7 +93,7 @@ def keep_interrupted_curve(spec: RunSpec) -> tuple[Path, Path] | None:
     if (spec.run_dir / FINISHED).is_file() or (attempt := _attempt(spec)) is None:
         return None
     results, settings, curve = attempt
-    where = results.parent / "interrupted"
+    where = _tries_dir(results)
     number = _own_try(where, spec.name, settings, curve)
     if number is None:
         tries = _tries(where, spec.name)
@@ -111,7 +116,7 @@ def drop_finished_curve(spec: RunSpec) -> tuple[Path, Path] | None:
     copied = results / "metrics.jsonl"
     if not copied.is_file() or copied.read_bytes() != curve:  # not copied (yet): keep the try
         return None
-    where = results.parent / "interrupted"
+    where = _tries_dir(results)
     number = _own_try(where, spec.name, settings, curve)
     if number is None:
         return None
@@ -127,7 +132,7 @@ def kept_tries(spec: RunSpec) -> list[Path]:
     the grid puts it."""
     if spec.results_dir is None:
         return []
-    where = spec.results_dir.parent / "interrupted"
+    where = _tries_dir(spec.results_dir)
     return [_try_files(where, spec.name, n)[1] for n in _tries(where, spec.name)]
 
 

@@ -124,10 +124,9 @@ def _starting_over(task: Task) -> str:
     tries = kept_tries(task.spec) if task.train and not task.resume else []
     if not tries:
         return ""
-    ends = [curve_end(path) for path in tries]
     listed = ", ".join(
-        path.name + ("" if end is None else f" (to step {end[0]:,})")
-        for path, end in zip(tries, ends, strict=True)
+        path.name + ("" if (end := curve_end(path)) is None else f" (to step {end[0]:,})")
+        for path in tries
     )
     return (
         f" from its first update: no checkpoint in {task.spec.run_dir}; the curves of its "
