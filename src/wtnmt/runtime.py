@@ -143,16 +143,33 @@ def cpu_has_vnni() -> bool:
     return any(f in cpu_description()["flags"] for f in ("avx512_vnni", "avx_vnni"))
 
 
-def machine_line(threads: int | None = None) -> str:
-    """One line to print beside a measurement: the CPU's model and the flags that decide its
-    kernels, ATen's capability, the cores, torch's version, the threads used and the command."""
+# in a run directory: one entry (step, machine, threads) each time its training starts or resumes
+MACHINES = "machines.jsonl"
+
+
+def machine_description(device: str | Any = "cpu") -> str:
+    """The machine, in a phrase: the CPU's model and the flags that decide its kernels, ATen's
+    capability and the cores; on a GPU (``device``), the GPU's name first."""
     import torch
 
     cpu = cpu_description()
+    text = (
+        f"{cpu['model']} ({' '.join(cpu['flags']) or 'no AVX2'}; ATen "
+        f"{cpu['aten_capability']}), {cpu['cores']} cores"
+    )
+    if torch.device(device).type == "cuda":
+        text = f"{torch.cuda.get_device_name(device)}, host {text}"
+    return text
+
+
+def machine_line(threads: int | None = None) -> str:
+    """One line to print beside a measurement: the machine (above), torch's version, the
+    threads used and the command."""
+    import torch
+
     used = threads if threads is not None else torch.get_num_threads()
     return (
-        f"machine: {cpu['model']} ({' '.join(cpu['flags']) or 'no AVX2'}; ATen "
-        f"{cpu['aten_capability']}), {cpu['cores']} cores, torch {torch.__version__}, "
+        f"machine: {machine_description()}, torch {torch.__version__}, "
         f"{used} thread{'s' if used != 1 else ''}; command: {' '.join(sys.argv)}"
     )
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from wtnmt.analysis.metrics import RunMetrics, group_name
+from wtnmt.runtime import MACHINES
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class Run:
     config: dict[str, Any]
     label: str = ""  # the run's name among those analyzed together (default: its directory's)
     stop: str | None = None  # why its training ended (stop_reason), None where not recorded
+    machines: tuple[str, ...] = ()  # what its training ran on, in order; () where not recorded
 
     @property
     def name(self) -> str:
@@ -91,7 +93,32 @@ class Run:
             json.loads(scores_path.read_text(encoding="utf-8")) if scores_path.is_file() else None
         )
         config = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
-        return cls(path, RunMetrics.load(path), scores, config or {}, stop=stop_reason(path))
+        return cls(
+            path,
+            RunMetrics.load(path),
+            scores,
+            config or {},
+            stop=stop_reason(path),
+            machines=machines_of(path),
+        )
+
+
+def machines_of(run_dir: Path) -> tuple[str, ...]:
+    """The machines a run's training ran on (its ``machines.jsonl``), each once, in order; ()
+    where the run did not record them (a run trained before they were)."""
+    found: dict[str, None] = {}
+    path = run_dir / MACHINES
+    lines = (
+        path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
+    )
+    for line in lines:
+        try:
+            machine = json.loads(line).get("machine")
+        except (ValueError, AttributeError):
+            continue  # a line cut short by a kill
+        if isinstance(machine, str):
+            found[machine] = None
+    return tuple(found)
 
 
 def stop_reason(run_dir: Path) -> str | None:

@@ -47,6 +47,29 @@ def _test_weights(runs: list[Run]) -> str:
     return "the weights each run's scores.json names (the best dev BLEU's or an average)"
 
 
+def machines_note(runs: list[Run]) -> str:
+    """What the runs trained on, as their machines.jsonl say: the one machine, or which run
+    on which, since seconds then compare machines as well as models; "" where none says."""
+    if not any(run.machines for run in runs):
+        return ""
+    on: dict[str | None, list[str]] = {}
+    for run in runs:
+        for machine in run.machines or (None,):
+            on.setdefault(machine, []).append(run.name)
+    if len(on) == 1:
+        return f"trained on {next(iter(on))}"
+    which = "; ".join(
+        f"{', '.join(names)} on {machine}" if machine else f"{', '.join(names)}: not recorded"
+        for machine, names in on.items()
+    )
+    verb = "may compare" if None in on else "compare"
+    return f"seconds {verb} machines as well as models: {which}"
+
+
+def _with(note: str, more: str) -> str:
+    return f"{note}; {more}" if more else note
+
+
 def runs_table(runs: list[Run]) -> Table:
     table = Table(
         "Runs",
@@ -71,6 +94,7 @@ def runs_table(runs: list[Run]) -> Table:
         "ms/step: seconds of updates per step; tgt tok/s: median over logged windows; "
         "steps to best − 0.5: the first validation within 0.5 dev BLEU of the run's own best",
     )
+    table.note = _with(table.note, machines_note(runs))
     for run in runs:
         best = run.metrics.best_valid
         rate = run.metrics.tokens_per_second()
@@ -288,8 +312,11 @@ def steps_to_bleu_table(runs: list[Run], target: float) -> tuple[Table, list[dic
     table = Table(
         f"Steps and seconds to dev BLEU {target:.2f}",
         ["run", "steps", "× first run's steps", "seconds", "× first run's seconds"],
-        note="the first validation (greedy dev BLEU) at or above the target; validations are "
-        "as frequent as the runs' valid_every",
+        note=_with(
+            "the first validation (greedy dev BLEU) at or above the target; validations are "
+            "as frequent as the runs' valid_every",
+            machines_note(runs),
+        ),
     )
     for row in rows:
         table.rows.append(
@@ -304,4 +331,4 @@ def steps_to_bleu_table(runs: list[Run], target: float) -> tuple[Table, list[dic
     return table, rows
 
 
-__all__ = ["Table", "groups_table", "runs_table", "steps_to_bleu_table"]
+__all__ = ["Table", "groups_table", "machines_note", "runs_table", "steps_to_bleu_table"]

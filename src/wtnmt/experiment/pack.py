@@ -5,8 +5,8 @@ disk), or copied from a run trained outside the work tree to where the grid file
 committed).
 
 Each run directory of the grid gives what is committed of it: ``config.yaml``,
-``finished.json``, ``scores.json``, ``metrics.jsonl`` and ``eval/`` (scores and decodings);
-never weights. A run trained in a work directory and stopped before it finished gives its
+``finished.json``, ``scores.json``, ``metrics.jsonl``, ``machines.jsonl`` and ``eval/``
+(scores and decodings); never weights. A run trained in a work directory and stopped before it finished gives its
 curve instead, as ``interrupted/<run>.tryN.*`` beside the grid's results. The files are laid
 greedily into ``results-01.tar.gz``, ``results-02.tar.gz``, …, each at most ``max_bytes``, at
 most ``max_files`` of them, paths as the grid names them (``tar xzf`` in the same working
@@ -30,8 +30,9 @@ from wtnmt.experiment.grid import Grid, RunSpec
 from wtnmt.experiment.plan import FINISHED, run_differences
 from wtnmt.rundir import atomic_write
 from wtnmt.rundir.run import with_defaults
+from wtnmt.runtime import MACHINES
 
-RESULT_FILES = ("config.yaml", "finished.json", "scores.json", "metrics.jsonl")
+RESULT_FILES = ("config.yaml", "finished.json", "scores.json", "metrics.jsonl", MACHINES)
 _ENTRY = 1024  # a tar header and padding, and a margin for gzip's framing
 _ARCHIVE = re.compile(r"results-\d{2,}\.tar\.gz")
 

@@ -4,6 +4,7 @@
     checkpoints/       step_*.safetensors + step_*.state.pt (the last K, and the best)
     metrics.jsonl      one JSON object per logged step and per validation
     train.log          the log lines             model.safetensors   the weights to use
+    machines.jsonl     the machine each start or resume of training ran on
     .lock              held by the process that writes the run
 
 Training and decoding share this one way in. A new run is refused where a run already is; a

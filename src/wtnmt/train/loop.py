@@ -39,6 +39,7 @@ class TrainingLoop:
             f"{self._precision_label()}, {len(self.train_data):,} training pairs"
             + (" (forward compiled: train.compile)" if tc.compile else "")
         )
+        self.report.machine(s.step, self.device, self.world)
         if bf16_emulated(self.precision, self.device.type):
             self.log(EMULATED_BF16_WARNING)
         self._window, self._lrs = Window(), (0.0, 0.0)

@@ -1,6 +1,7 @@
 """What a training run reports: log lines (stderr and train.log), one metrics.jsonl entry per
-logged step and per validation, and TensorBoard events of the same values when tensorboard is
-installed. Only the main process writes."""
+logged step and per validation, one machines.jsonl entry each time training starts or resumes,
+and TensorBoard events of the same values when tensorboard is installed. Only the main process
+writes."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from torch import nn
 
 from wtnmt.errors import TrainingError
 from wtnmt.model import branch_weight_table
+from wtnmt.runtime import MACHINES, machine_description
 from wtnmt.train.state import TrainState, Window
 
 
@@ -116,6 +118,24 @@ class RunReport:
         if self.to_stderr and stderr:
             print(line, file=sys.stderr, flush=True)
         append_line(self.run_dir / "train.log", line)
+
+    def machine(self, step: int, device: torch.device, world: int) -> None:
+        """Where training starts or resumes at ``step``: the machine, in machines.jsonl and
+        the log, so that a run's seconds are read against the machine that spent them (a run
+        resumed elsewhere has two)."""
+        if not self.is_main:
+            return
+        entry = {
+            "step": step,
+            "machine": machine_description(device),
+            "threads": torch.get_num_threads(),
+            "processes": world,
+            "torch": torch.__version__,
+        }
+        append_line(self.run_dir / MACHINES, json.dumps(entry))
+        self.log(
+            f"machine: {entry['machine']}, {entry['threads']} threads, torch {torch.__version__}"
+        )
 
     def record(self, entry: dict[str, Any]) -> None:
         if not self.is_main:
