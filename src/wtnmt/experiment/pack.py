@@ -6,8 +6,9 @@ committed).
 
 Each run directory of the grid gives what is committed of it: ``config.yaml``,
 ``finished.json``, ``scores.json``, ``metrics.jsonl``, ``machines.jsonl`` and ``eval/``
-(scores and decodings); never weights. A run trained in a work directory and stopped before it finished gives its
-curve instead, as ``interrupted/<run>.tryN.*`` beside the grid's results. The files are laid
+(scores and decodings); never weights. A run trained in a work directory and stopped before
+it finished gives its curve instead, as ``interrupted/<run>.tryN.*`` beside the grid's
+results. The files are laid
 greedily into ``results-01.tar.gz``, ``results-02.tar.gz``, …, each at most ``max_bytes``, at
 most ``max_files`` of them, paths as the grid names them (``tar xzf`` in the same working
 directory puts every file back where it was). What cannot fit is refused before anything is
