@@ -36,7 +36,7 @@ def test_each_start_of_training_records_the_machine(resumed_run):
         assert entry["machine"] == machine_description("cpu")
         assert (entry["threads"], entry["processes"]) == (1, 1)  # the tiny config's one thread
     log = (resumed_run / "train.log").read_text()
-    assert log.count(f"machine: {machine_description('cpu')}, 1 threads") == 2
+    assert log.count(f"machine: {machine_description('cpu')}, 1 thread, torch ") == 2
     assert machines_of(resumed_run) == (machine_description("cpu"),)  # one machine, once
 
 

@@ -133,8 +133,10 @@ class RunReport:
             "torch": torch.__version__,
         }
         append_line(self.run_dir / MACHINES, json.dumps(entry))
+        threads = entry["threads"]
         self.log(
-            f"machine: {entry['machine']}, {entry['threads']} threads, torch {torch.__version__}"
+            f"machine: {entry['machine']}, {threads} thread{'s' if threads != 1 else ''}, "
+            f"torch {torch.__version__}"
         )
 
     def record(self, entry: dict[str, Any]) -> None:
