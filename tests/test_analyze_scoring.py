@@ -123,8 +123,12 @@ def test_analyze_reads_what_evaluate_decoded_of_the_runs_test_split(
         assert read_hypotheses(hand, decoded) == read_hypotheses(hand, kept)
 
     kept_score(hand).unlink()  # decoded otherwise than analyze decodes, or other files
+    kept_score(hand, branch_weights="uniform").unlink()
     assert main([*test, "--lenpen", "0.6"]) == 0
     shutil.copy(data.test_src, tmp_path / "mine.src")
     assert main([*test[:3], str(tmp_path / "mine.src"), *test[4:]]) == 0
+    one = ["--branch-weights-in", "encoder_layers.0.self_attn"]  # uniform in one sublayer
+    assert main([*test, "--branch-weights", "uniform", *one]) == 0
     assert not kept_score(hand).exists()
+    assert not kept_score(hand, branch_weights="uniform").exists()
     assert "kept for" not in capsys.readouterr().err

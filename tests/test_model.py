@@ -16,6 +16,7 @@ from wtnmt.model import (
     branch_weights_overridden,
     build_model,
     count_parameters,
+    named_branch_weights,
     override_branch_weights,
     real_positions,
 )
@@ -240,6 +241,37 @@ def test_branch_weight_override(mode):
         "decoder_layers.0.cross_attn",
         "decoder_layers.1.cross_attn",
     }
+
+
+def test_branch_weights_replaced_in_named_sublayers_alone():
+    """``only`` replaces κ, α in the sublayers it names and nowhere else; a random draw there
+    is the one the sublayer gets when every sublayer is replaced; a name the model does not
+    have is refused, naming those it has."""
+    model = make("weighted").eval()
+    src, tgt = batch()
+    learned, before = branch_weight_table(model), model(src, tgt).logits
+    one = "encoder_layers.1.self_attn"
+    for how in ("uniform", "random"):
+        override_branch_weights(model, how, seed=5)
+        everywhere = branch_weight_table(model)
+        override_branch_weights(model, "random", seed=9)  # then back to learned, by hand
+        for name, module in named_branch_weights(model).items():
+            with torch.no_grad():
+                module.kappa.copy_(torch.tensor(learned[name]["kappa"]))
+                module.alpha.copy_(torch.tensor(learned[name]["alpha"]))
+        with branch_weights_overridden(model, how, seed=5, only=[one]):
+            got = branch_weight_table(model)
+            assert not torch.equal(model(src, tgt).logits, before)
+        assert got == {**learned, one: everywhere[one]}
+        assert everywhere[one] != learned[one]
+        assert branch_weight_table(model) == learned
+    torch.testing.assert_close(model(src, tgt).logits, before, rtol=0, atol=0)
+    refused = r"^encoder_layers\.7\.self_attn: not a branched sublayer of this model; it has "
+    with pytest.raises(ValueError, match=refused + r"encoder_layers\.0\.self_attn, "):
+        override_branch_weights(model, "uniform", only=["encoder_layers.7.self_attn"])
+    assert branch_weight_table(model) == learned  # refused before anything changed
+    with pytest.raises(ValueError, match="it has none"):
+        override_branch_weights(make("transformer-post"), "uniform", only=[one])
 
 
 @pytest.mark.parametrize("mode", ["simplex", "softmax"])

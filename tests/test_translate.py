@@ -216,6 +216,37 @@ def test_evaluate_keeps_each_random_draw_apart(run_dir, tmp_path):
     assert json.loads((run_dir / "scores.json").read_text())["seed"] == 2  # the latest
 
 
+def test_evaluate_replaces_branch_weights_in_the_named_sublayers_alone(run_dir, tmp_path, capsys):
+    """`--branch-weights-in` scores κ, α replaced in one sublayer: its own files, what was
+    replaced in its scores, the same translations as a model replaced there by hand; a name
+    the model does not have, or no replacement to make, is one line and exit 2."""
+    from wtnmt.model import override_branch_weights
+
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("alpha beta\ngamma delta\nalpha\n")
+    ref.write_text("AHPLA ATEB\nAMMAG ATLED\nAHPLA\n")
+    argv = ["evaluate", str(run_dir), "--src", str(src), "--ref", str(ref)]
+    one = "decoder_layers.1.cross_attn"
+    assert cli([*argv, "--branch-weights", "uniform", "--branch-weights-in", one]) == 0
+    stem = run_dir / "eval" / f"src.uniform-in-{one}"
+    scores = json.loads(Path(f"{stem}.scores.json").read_text())
+    assert scores["branch_weights"] == "uniform" and scores["branch_weights_in"] == [one]
+    by_hand = Translator.load(run_dir)
+    override_branch_weights(by_hand.model, "uniform", only=[one])
+    hyps = by_hand.translate(["alpha beta", "gamma delta", "alpha"], beam=scores["beam"])
+    assert Path(f"{stem}.hyp").read_text().splitlines() == hyps
+    capsys.readouterr()
+    for options, message in [
+        (["--branch-weights", "uniform", "--branch-weights-in", "encoder_layers.9.self_attn"],
+         "--branch-weights-in encoder_layers.9.self_attn: not a branched sublayer of this model; "
+         "it has encoder_layers.0.self_attn, "),
+        (["--branch-weights-in", one], "--branch-weights-in names where --branch-weights "),
+    ]:  # fmt: skip
+        assert cli([*argv, *options]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"wtnmt evaluate: error: {message}") and err.count("\n") == 1, err
+
+
 def test_loading_something_that_is_not_a_run_is_a_clear_error(tmp_path, capsys):
     assert cli(["translate", str(tmp_path)]) == 2
     assert "no config.yaml there" in capsys.readouterr().err

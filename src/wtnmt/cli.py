@@ -203,6 +203,14 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
         choices=["learned", "uniform", "random"],
         help="evaluate with the learned κ, α or replaced ones (paper Table 3)",
     )
+    p.add_argument(
+        "--branch-weights-in",
+        dest="branch_weights_in",
+        action="append",
+        metavar="SUBLAYER",
+        help="replace κ, α in this branched sublayer only (e.g. encoder_layers.3.self_attn, "
+        "as the run logs them; again for more): which layer's weights the model leans on",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of --branch-weights random")
     p.add_argument("--device", default="cpu")
     add_quantize(p)

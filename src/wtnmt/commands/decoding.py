@@ -183,6 +183,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             f"--branch-weights {args.branch_weights} overrides κ, α in the PyTorch engine "
             "only: leave out --engine onnxruntime"
         )
+    if args.branch_weights_in and args.branch_weights == "learned":
+        raise ConfigError(
+            "--branch-weights-in names where --branch-weights uniform or random replaces κ, α: "
+            "give one of those too"
+        )
     tune_cpu_allocator()
     if Path(args.weights).name != args.weights:
         raise ConfigError(f"--weights {args.weights}: a file name in the run directory")
@@ -218,10 +223,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.weights != "model.safetensors":
         name += f".{args.weights.split('.')[0]}"
     if args.branch_weights != "learned":
-        translator.set_branch_weights(args.branch_weights, seed=args.seed)
+        try:
+            translator.set_branch_weights(
+                args.branch_weights, seed=args.seed, only=args.branch_weights_in
+            )
+        except ValueError as e:
+            raise ConfigError(f"--branch-weights-in {e}") from None
         name += f".{args.branch_weights}"
         if args.branch_weights == "random":  # each draw its own files
             name += f"-seed{args.seed}"
+        if args.branch_weights_in:  # each choice of sublayers its own files
+            name += "-in-" + "+".join(args.branch_weights_in)
     if args.quantize != "none":  # its own files: never the float32 evaluation's
         name += f".{args.quantize}"
     if args.engine != "pytorch":
@@ -241,6 +253,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     scores = scored | {  # what was scored (a corpus split, or the two files) and how decoded
         "source": source, "beam": beam, "branch_weights": args.branch_weights,
         "seed": args.seed if args.branch_weights == "random" else None,
+        "branch_weights_in": args.branch_weights_in,
         "quantize": args.quantize, "engine": args.engine, "weights": args.weights,
     }  # fmt: skip
     d = translator.config.decode
@@ -248,8 +261,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     out = Path(args.run_dir) / "eval"
     out.mkdir(exist_ok=True)
     (out / f"{name}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-    split = _analyzed_split(translator, args, src, refs, lenpen)
-    if split is not None:  # the decoding `wtnmt analyze` makes: kept for it to read
+    # the decoding `wtnmt analyze` makes (κ, α replaced in every sublayer, if at all): kept
+    # for it to read
+    split = None if args.branch_weights_in else _analyzed_split(translator, args, src, refs, lenpen)
+    if split is not None:
         from wtnmt.analysis.scoring import keep_decoding
 
         kept = keep_decoding(

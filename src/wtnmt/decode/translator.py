@@ -110,13 +110,16 @@ class Translator:
             return self.network.quantize  # type: ignore[no-any-return]
         return decoding_mode(self.model)
 
-    def set_branch_weights(self, how: str, *, seed: int = 0) -> None:
-        """Replace κ, α by ``uniform`` or ``random`` ones (paper Table 3); reload to undo.
-        Stops the decoding workers (they hold the learned ones)."""
+    def set_branch_weights(
+        self, how: str, *, seed: int = 0, only: Sequence[str] | None = None
+    ) -> None:
+        """Replace κ, α by ``uniform`` or ``random`` ones (paper Table 3), in every branched
+        sublayer or in those named in ``only``; reload to undo. Stops the decoding workers
+        (they hold the learned ones)."""
         if self.engine != "pytorch":
             raise ValueError("κ, α are overridden in the PyTorch engine only (--engine pytorch)")
         self.close()
-        override_branch_weights(self.model, how, seed=seed)  # type: ignore[arg-type]
+        override_branch_weights(self.model, how, seed=seed, only=only)  # type: ignore[arg-type]
 
     # ---------------------------------------------------------------------------------------
     def encode(

@@ -4,6 +4,7 @@ from wtnmt.model.branch_weights import (
     BranchWeights,
     branch_weight_table,
     branch_weights_overridden,
+    named_branch_weights,
     override_branch_weights,
     project_branch_weights,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "build_model",
     "count_parameters",
     "decoding_mode",
+    "named_branch_weights",
     "override_branch_weights",
     "project_branch_weights",
     "project_simplex",

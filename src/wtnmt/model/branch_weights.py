@@ -16,7 +16,7 @@ weights in effect:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Literal
 
@@ -88,32 +88,66 @@ def project_branch_weights(model: nn.Module) -> int:
     return sum(len(vectors) for vectors in groups.values())
 
 
+def named_branch_weights(model: nn.Module) -> dict[str, BranchWeights]:
+    """The κ, α of every branched sublayer, by the sublayer's name (``encoder_layers.0.self_attn``:
+    the names of :func:`branch_weight_table` and of the branch weights a run logs)."""
+    return {
+        name.removesuffix(".branch_weights"): module
+        for name, module in model.named_modules()
+        if isinstance(module, BranchWeights)
+    }
+
+
+def _chosen(model: nn.Module, only: Sequence[str] | None) -> list[BranchWeights]:
+    """The sublayers' κ, α named in ``only`` (all where None); a name that is not one of the
+    model's branched sublayers is a ValueError naming them."""
+    named = named_branch_weights(model)
+    if only is None:
+        return list(named.values())
+    unknown = [name for name in only if name not in named]
+    if unknown:
+        raise ValueError(
+            f"{unknown[0]}: not a branched sublayer of this model; it has "
+            + (", ".join(named) or "none (a Transformer)")
+        )
+    return [named[name] for name in only]
+
+
 @torch.no_grad()
-def override_branch_weights(model: nn.Module, how: OverrideMode, *, seed: int = 0) -> None:
-    """Replace the learned κ, α of every branched module in place (paper §4.4, Table 3).
+def override_branch_weights(
+    model: nn.Module, how: OverrideMode, *, seed: int = 0, only: Sequence[str] | None = None
+) -> None:
+    """Replace the learned κ, α of every branched module in place (paper §4.4, Table 3), or of
+    the sublayers named in ``only`` alone (which layer's weights the model leans on).
 
     ``uniform`` sets 1/M, ``random`` draws a seeded random point of the simplex for each
-    vector, ``learned`` changes nothing. Meant for evaluation: load a fresh copy to undo.
+    vector, ``learned`` changes nothing. A sublayer gets the same random draw whether it is
+    replaced alone or with all the others. Meant for evaluation: load a fresh copy to undo.
     """
+    chosen = {id(m) for m in _chosen(model, only)}
     generator = torch.Generator().manual_seed(seed)
-    for module in model.modules():
-        if isinstance(module, BranchWeights):
-            module.reset(how, generator)
+    for module in named_branch_weights(model).values():
+        kept = [p.clone() for p in (module.kappa, module.alpha)]
+        module.reset(how, generator)  # drawn for every sublayer: each keeps its own draw
+        if id(module) not in chosen:
+            module.kappa.copy_(kept[0])
+            module.alpha.copy_(kept[1])
 
 
 @contextmanager
 def branch_weights_overridden(
-    model: nn.Module, how: OverrideMode, *, seed: int = 0
+    model: nn.Module, how: OverrideMode, *, seed: int = 0, only: Sequence[str] | None = None
 ) -> Iterator[None]:
-    """Evaluate with ``uniform`` or ``random`` κ, α inside the block (paper Table 3); the
-    learned values are put back on leaving it, even after an error."""
-    modules = [m for m in model.modules() if isinstance(m, BranchWeights)]
+    """Evaluate with ``uniform`` or ``random`` κ, α inside the block (paper Table 3), in every
+    branched sublayer or in those named in ``only``; the learned values are put back on
+    leaving it, even after an error."""
+    modules = _chosen(model, only)
     if how == "learned" or not modules:
         yield
         return
     with torch.no_grad():
         saved = [(m.kappa.clone(), m.alpha.clone()) for m in modules]
-    override_branch_weights(model, how, seed=seed)
+    override_branch_weights(model, how, seed=seed, only=only)
     try:
         yield
     finally:
@@ -127,13 +161,9 @@ def branch_weight_table(model: nn.Module) -> dict[str, dict[str, list[float]]]:
     """Module name → {"kappa": [...], "alpha": [...]} of the weights in effect."""
     table = {}
     with torch.no_grad():
-        for name, module in model.named_modules():
-            if isinstance(module, BranchWeights):
-                kappa, alpha = module()
-                table[name.removesuffix(".branch_weights")] = {
-                    "kappa": kappa.tolist(),
-                    "alpha": alpha.tolist(),
-                }
+        for name, module in named_branch_weights(model).items():
+            kappa, alpha = module()
+            table[name] = {"kappa": kappa.tolist(), "alpha": alpha.tolist()}
     return table
 
 
@@ -141,6 +171,7 @@ __all__ = [
     "BranchWeights",
     "branch_weight_table",
     "branch_weights_overridden",
+    "named_branch_weights",
     "override_branch_weights",
     "project_branch_weights",
 ]
