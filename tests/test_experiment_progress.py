@@ -47,3 +47,23 @@ def test_a_time_budget_gives_the_seconds_it_has_left(tmp_path):
     assert line == "weighted-s1 step 40 (870 s, under a minute left)"
     line = progress_line(spec_at(tmp_path, (40, 300.0)), timed, {}, 5.0)
     assert line == "weighted-s1 step 40 (300 s, about 10 min left)"
+
+
+def test_a_curve_ends_at_its_last_validation_when_that_came_after_its_last_training_entry(
+    tmp_path,
+):
+    """A run stopped just after validating at step 45 (training logged at 44): its curve goes
+    to 45, as the runner's plan says of an earlier try; a last line cut off while being
+    written is passed over; no entry with a step, no end."""
+    from wtnmt.experiment.progress import curve_end
+
+    metrics = tmp_path / "metrics.jsonl"
+    rows = [{"step": 44, "loss": 5.0, "elapsed": 9.5},
+            {"step": 45, "elapsed": 9.8, "valid_loss": 4.0, "valid_bleu": 1.0}]  # fmt: skip
+    metrics.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    assert curve_end(metrics) == (45, 9.8)
+    for cut in ('{"step": 46, "loss": 5.0, "ela', '{"step": 46, "loss": 5.0, "elapsed": 1'):
+        (tmp_path / "cut.jsonl").write_text(metrics.read_text() + cut)
+        assert curve_end(tmp_path / "cut.jsonl") == (45, 9.8)
+    metrics.write_text('{"note": 1}\n{"step": 4')
+    assert curve_end(metrics) is None

@@ -31,16 +31,23 @@ def last_step(run_dir: Path) -> tuple[int, float] | None:
 
 
 def curve_end(metrics: Path) -> tuple[int, float] | None:
-    """The last step a curve (a run's ``metrics.jsonl``, or a copy of it) logged, and its
-    seconds of updates; None where it logged none or cannot be read."""
+    """The last step a curve (a run's ``metrics.jsonl``, or a copy of it) logged with its
+    seconds of updates, a training entry's or a validation's (the last where a run stopped
+    after a validation, between two training entries); a line cut off while being written is
+    passed over. None where it logged none or cannot be read."""
     try:
         with open(metrics, "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
-            lines = [x for x in f.read().decode("utf-8", "replace").splitlines() if '"loss"' in x]
-        entry = json.loads(lines[-1])
-        return int(entry["step"]), float(entry.get("elapsed", 0.0))
-    except (OSError, ValueError, IndexError, KeyError, TypeError):
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
         return None
+    for line in reversed(lines):
+        try:
+            entry = json.loads(line)
+            return int(entry["step"]), float(entry["elapsed"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return None
 
 
 def _time_left(seconds: float, *, patience: bool) -> str:
