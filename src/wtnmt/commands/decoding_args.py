@@ -1,0 +1,94 @@
+"""The parsers of `wtnmt translate` and `wtnmt evaluate` (decoding with a run's weights; the
+commands themselves are in ``wtnmt.commands.decoding``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from wtnmt.cli_args import add_engine, add_length_penalty, add_quantize, at_least_one
+from wtnmt.commands.decoding import cmd_evaluate, cmd_translate
+
+
+def add_translate(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "translate",
+        help="translate text with a trained run",
+        description="Read raw text, one sentence per line (stdin or -i), write detokenised "
+        "translations in the same order, one per line (stdout or -o).",
+    )
+    p.add_argument("run_dir")
+    p.add_argument("-i", "--input", help="input file (default: stdin)")
+    p.add_argument("-o", "--output", help="output file (default: stdout)")
+    p.add_argument("--beam", type=int, help="beam size (default: the run's decode.beam)")
+    p.add_argument(
+        "--nbest",
+        type=int,
+        help="write the N best of each sentence as N lines 'i ||| translation ||| score' "
+        "(i counts sentences from 0; default: the run's decode.nbest)",
+    )
+    add_length_penalty(p)
+    p.add_argument(
+        "--chunk", type=int, default=2000, help="most lines translated together (default 2000)"
+    )
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, help="CPU threads in all (default: one a core)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="decode on N processes, each searching whole batches on its share of --threads "
+        "(CPU; faster on many sentences, seconds to start; default 1: in this process)",
+    )
+    add_quantize(p)
+    add_engine(p)
+    p.set_defaults(func=cmd_translate)
+
+
+def add_evaluate(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "evaluate",
+        help="translate a test set and score it with sacreBLEU",
+        description="Translate a corpus split (--corpus NAME --split SPLIT) or --src/--ref "
+        "files, and score with sacreBLEU BLEU and chrF.",
+    )
+    p.add_argument("run_dir")
+    p.add_argument("--corpus", help="a named corpus, split as the run's data config splits it")
+    p.add_argument("--split", default="test", choices=["train", "valid", "test"])
+    p.add_argument("--src")
+    p.add_argument("--ref")
+    p.add_argument("--beam", type=at_least_one)
+    add_length_penalty(p)
+    p.add_argument(
+        "--weights",
+        default="model.safetensors",
+        metavar="FILE",
+        help="the weights in RUN to decode with (default model.safetensors; e.g. the "
+        "average-last10.safetensors that `wtnmt experiment` writes)",
+    )
+    p.add_argument(
+        "--compare",
+        metavar="OTHER_RUN",
+        help="also translate with OTHER_RUN and test the difference (bootstrap)",
+    )
+    p.add_argument("--samples", type=at_least_one, default=1000, help="bootstrap samples")
+    p.add_argument(
+        "--branch-weights",
+        dest="branch_weights",
+        default="learned",
+        choices=["learned", "uniform", "random"],
+        help="evaluate with the learned κ, α or replaced ones (paper Table 3)",
+    )
+    p.add_argument(
+        "--branch-weights-in",
+        dest="branch_weights_in",
+        action="append",
+        metavar="SUBLAYER",
+        help="replace κ, α in this branched sublayer only (e.g. encoder_layers.3.self_attn, "
+        "as the run logs them; again for more): which layer's weights the model leans on",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of --branch-weights random")
+    p.add_argument("--device", default="cpu")
+    add_quantize(p)
+    add_engine(p)
+    p.set_defaults(func=cmd_evaluate)
