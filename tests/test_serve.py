@@ -147,6 +147,47 @@ def test_replaced_branch_weights_translate_as_the_paper_table_and_come_back(run_
     assert any(isinstance(m, BranchWeights) for m in server_model.modules())
 
 
+def test_branch_weights_replaced_in_named_sublayers_alone(run_dir, client):
+    """``branch_weights_in`` replaces κ, α in the sublayers it names (as /v1/model lists them)
+    and nowhere else: the translations of a model replaced so by hand, the decoder's κ learned
+    still; without uniform or random, or naming a sublayer the model lacks, it is refused."""
+    names = [w["layer"] for w in client.get("/v1/model").json()["branch_weights"]]
+    encoder = [n for n in names if n.startswith("encoder_layers.")]
+
+    def kappas(answer):  # type: ignore[no-untyped-def]
+        return [layer["kappa"] for layer in answer["attention"][0]["layers"]]
+
+    learned = client.post("/v1/translate", json={"text": SENTENCES[:1], "attention": True})
+    for how in ("uniform", "random"):
+        body = {"text": SENTENCES[:4], "branch_weights": how, "seed": 4, "attention": True}
+        answer = client.post("/v1/translate", json={**body, "branch_weights_in": encoder}).json()
+        replaced = Translator.load(run_dir)
+        replaced.set_branch_weights(how, seed=4, only=encoder)
+        assert answer["translations"] == replaced.translate(SENTENCES[:4])
+        assert kappas(answer) == kappas(learned.json())  # the decoder's are the learned ones
+        everywhere = client.post("/v1/translate", json=body).json()
+        assert kappas(everywhere) != kappas(learned.json())
+    for body, detail in (
+        (
+            {"branch_weights_in": encoder},
+            "branch_weights_in: names the sublayers whose κ, α branch_weights replaces; ask "
+            "for branch_weights 'uniform' or 'random' with it",
+        ),
+        (
+            {"branch_weights": "uniform", "branch_weights_in": ["encoder_layers.9.self_attn"]},
+            "branch_weights_in: 'encoder_layers.9.self_attn' is not a branched sublayer of "
+            f"this model; it has {', '.join(names)}",
+        ),
+        (
+            {"branch_weights": "uniform", "branch_weights_in": []},
+            "branch_weights_in: List should have at least 1 item after validation, not 0 (got [])",
+        ),
+    ):
+        r = client.post("/v1/translate", json={"text": "a", **body})
+        assert r.status_code == 422
+        assert r.json() == {"detail": detail, "field": "branch_weights_in"}
+
+
 def test_queue_full_is_429_with_retry_after_and_waiting_too_long_is_503(run_dir):
     # without its lifespan the app's worker never starts: requests stay queued
     app = create_app(

@@ -122,8 +122,8 @@ def strict(translator):
         (
             {"text": "a", "nbset": 2},
             422,
-            "unknown field 'nbset'; the fields are: text, beam, nbest, branch_weights, seed, "
-            "attention",
+            "unknown field 'nbset'; the fields are: text, beam, nbest, branch_weights, "
+            "branch_weights_in, seed, attention",
             {"field": "nbset"},
         ),
         ({"beam": 2}, 422, "the field 'text' is required", {"field": "text"}),
@@ -321,7 +321,16 @@ def test_oversized_attention_against_the_real_server(translator):
 
 
 # any JSON value in any field, or any bytes at all: an answer, never a 500
-FIELDS = ["text", "beam", "nbest", "branch_weights", "seed", "attention", "other"]
+FIELDS = [
+    "text",
+    "beam",
+    "nbest",
+    "branch_weights",
+    "branch_weights_in",
+    "seed",
+    "attention",
+    "other",
+]
 values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=30),
     lambda inner: (

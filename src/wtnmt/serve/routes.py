@@ -14,6 +14,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from wtnmt.model import named_branch_weights
 from wtnmt.serve.batcher import QueueFull, ServerStopping, Ticket
 from wtnmt.serve.errors import ApiError
 from wtnmt.serve.runner import RequestPayload, Search, SentenceResult
@@ -129,7 +130,8 @@ async def translate(body: TranslateRequest, request: Request) -> TranslateRespon
 
 
 def choose_search(body: TranslateRequest, state: Any) -> Search:
-    """The request's beam, n-best and branch weights, each checked against the limits."""
+    """The request's beam, n-best and branch weights (where, too), each checked against the
+    limits and the model."""
     settings, translator = state.settings, state.translator
     beam = state.default_beam if body.beam is None else body.beam
     if not 1 <= beam <= settings.max_beam:
@@ -165,7 +167,35 @@ def choose_search(body: TranslateRequest, state: Any) -> Search:
             reason="engine",
             field="branch_weights",
         )
-    return Search(beam=beam, nbest=nbest, branch_weights=body.branch_weights, seed=body.seed)
+    only = None if body.branch_weights_in is None else tuple(sorted(set(body.branch_weights_in)))
+    if only is not None:
+        check_sublayers(only, body.branch_weights, translator.model)
+    return Search(
+        beam=beam, nbest=nbest, branch_weights=body.branch_weights, seed=body.seed, only=only
+    )
+
+
+def check_sublayers(names: tuple[str, ...], how: str, model: Any) -> None:
+    """422 for ``branch_weights_in`` with the learned weights, or naming a sublayer the model
+    does not have."""
+    if how == "learned":
+        raise ApiError(
+            422,
+            "branch_weights_in: names the sublayers whose κ, α branch_weights replaces; "
+            "ask for branch_weights 'uniform' or 'random' with it",
+            reason="branch_weights_in",
+            field="branch_weights_in",
+        )
+    named = named_branch_weights(model)
+    unknown = [name for name in names if name not in named]
+    if unknown:
+        raise ApiError(
+            422,
+            f"branch_weights_in: {unknown[0][:60]!r} is not a branched sublayer of this model; "
+            f"it has {', '.join(named)}",
+            reason="branch_weights_in",
+            field="branch_weights_in",
+        )
 
 
 def check_sentences(sentences: list[str], settings: Any) -> None:

@@ -1,8 +1,9 @@
 """What the model worker does with one batch: search, branch weights, attention maps.
 
 Every sentence of a batch shares one ``Search`` (the batcher only groups equal ones), so the
-branch-weight override of paper Table 3 (uniform or random κ, α) is switched on around the
-batch and the learned weights are back before the next one.
+branch-weight override of paper Table 3 (uniform or random κ, α, everywhere or in the named
+sublayers alone) is switched on around the batch and the learned weights are back before the
+next one.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Search:
     nbest: int
     branch_weights: BranchMode = "learned"
     seed: int = 0  # of random branch weights
+    only: tuple[str, ...] | None = None  # the sublayers whose κ, α are replaced (None: all)
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,9 @@ class ModelRunner:
         search = payloads[0].search
         assert all(p.search == search for p in payloads), "the batcher mixed searches"
         t = self.translator
-        with branch_weights_overridden(t.model, search.branch_weights, seed=search.seed):
+        with branch_weights_overridden(
+            t.model, search.branch_weights, seed=search.seed, only=search.only
+        ):
             outputs = t.translate_ids(
                 ids, beam=search.beam, nbest=search.nbest, batch_tokens=self.batch_tokens
             )

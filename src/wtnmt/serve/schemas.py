@@ -24,6 +24,14 @@ class TranslateRequest(BaseModel):
         description="translate with the learned κ/α, or replace them by uniform or random "
         "ones (paper Table 3; Weighted Transformer models only)",
     )
+    branch_weights_in: list[StrictStr] | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="replace κ/α in these branched sublayers alone, the rest as learned (names "
+        "as GET /v1/model lists them, e.g. encoder_layers.1.self_attn; with branch_weights "
+        "uniform or random)",
+    )
     seed: StrictInt = Field(0, ge=0, lt=2**63, description="seed of random branch weights")
     attention: StrictBool = Field(
         False, description="also return each sentence's cross-attention maps per branch"
