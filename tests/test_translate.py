@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import select
 import shutil
@@ -219,8 +220,9 @@ def test_evaluate_keeps_each_random_draw_apart(run_dir, tmp_path):
 def test_evaluate_replaces_branch_weights_in_the_named_sublayers_alone(run_dir, tmp_path, capsys):
     """`--branch-weights-in` scores κ, α replaced in one sublayer: its own files, what was
     replaced in its scores, the same translations as a model replaced there by hand; a name
-    the model does not have, or no replacement to make, is one line and exit 2."""
-    from wtnmt.model import override_branch_weights
+    the model does not have, or no replacement to make, is one line and exit 2; where the
+    sublayers' names would make a file name too long, their count and digest name the files."""
+    from wtnmt.model import branch_weight_table, override_branch_weights
 
     src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
     src.write_text("alpha beta\ngamma delta\nalpha\n")
@@ -235,6 +237,16 @@ def test_evaluate_replaces_branch_weights_in_the_named_sublayers_alone(run_dir, 
     override_branch_weights(by_hand.model, "uniform", only=[one])
     hyps = by_hand.translate(["alpha beta", "gamma delta", "alpha"], beam=scores["beam"])
     assert Path(f"{stem}.hyp").read_text().splitlines() == hyps
+    every = list(branch_weight_table(by_hand.model))
+    long_src = tmp_path / f"{'s' * 150}.txt"  # a name with no room left for every sublayer's
+    long_src.write_text(src.read_text())
+    options = [f"--branch-weights-in={name}" for name in every]
+    argv_long = ["evaluate", str(run_dir), "--src", str(long_src), "--ref", str(ref)]
+    assert cli([*argv_long, "--branch-weights", "random", "--seed", "2", *options]) == 0
+    digest = hashlib.sha256("+".join(every).encode()).hexdigest()[:12]
+    stem = run_dir / "eval" / f"{long_src.stem}.random-seed2-in-{len(every)}-sublayers-{digest}"
+    assert json.loads(Path(f"{stem}.scores.json").read_text())["branch_weights_in"] == every
+    assert max(len(p.name) for p in (run_dir / "eval").iterdir()) <= 255
     capsys.readouterr()
     for options, message in [
         (["--branch-weights", "uniform", "--branch-weights-in", "encoder_layers.9.self_attn"],

@@ -6,12 +6,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import json
 import sys
 import time
 from pathlib import Path
 
 from wtnmt.config import ConfigError
+
+NAME_MAX = 255  # bytes of a file name on the usual filesystems
+SUFFIX_ROOM = 64  # what may follow the sublayers in a name: .int8, .lenpen…, .beamN, .scores.json
 
 
 def _read_input(path: str | None):  # type: ignore[no-untyped-def]
@@ -21,6 +25,16 @@ def _read_input(path: str | None):  # type: ignore[no-untyped-def]
     if path in (None, "-"):
         return decode_lines(sys.stdin.buffer.read(), "<stdin>")
     return decode_lines(read_bytes(path), path)
+
+
+def sublayers_tag(names: list[str], room: int) -> str:
+    """The sublayers of ``--branch-weights-in`` in a file name: their names joined by "+", or,
+    where that takes more than ``room`` bytes, their count and a digest of them (the scores
+    name them all)."""
+    joined = "+".join(names)
+    if len(joined.encode()) <= room:
+        return joined
+    return f"{len(names)}-sublayers-{hashlib.sha256(joined.encode()).hexdigest()[:12]}"
 
 
 def _check_output_file(path: str, source: str | None) -> None:
@@ -233,7 +247,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         if args.branch_weights == "random":  # each draw its own files
             name += f"-seed{args.seed}"
         if args.branch_weights_in:  # each choice of sublayers its own files
-            name += "-in-" + "+".join(args.branch_weights_in)
+            room = NAME_MAX - SUFFIX_ROOM - len(name.encode()) - len("-in-")
+            name += "-in-" + sublayers_tag(args.branch_weights_in, room)
     if args.quantize != "none":  # its own files: never the float32 evaluation's
         name += f".{args.quantize}"
     if args.engine != "pytorch":
