@@ -40,6 +40,7 @@ test-slow: setup
 # AVX-512, no native bf16), so that a newer CPU checks the older path too (the learning-rate
 # schedule and the clock, test_schedule.py, are no kernel's: not rerun).
 AVX2_TESTS := tests/test_model.py tests/test_model_cache.py tests/test_branched.py \
+	tests/test_branch_weights.py \
 	tests/test_dropout.py tests/test_loss.py tests/test_train.py tests/test_resume.py \
 	tests/test_decode.py tests/test_translate.py tests/test_length_penalty.py \
 	tests/test_quantize.py tests/test_prune.py tests/test_precision.py
