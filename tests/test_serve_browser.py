@@ -101,6 +101,16 @@ def test_the_page_translates_as_you_type_and_shows_branches(browser, tmp_path, t
         uniform = "branch 1 · κ 0.250 · α 0.250"
         wait.until(lambda b: b.find_element(By.CSS_SELECTOR, "#attn .title").text == uniform)
         assert "uniform branch weights" in browser.find_element(By.ID, "status").text
+        # and in one sublayer alone: decoder layer 2's κ are the learned ones again
+        browser.find_element(
+            By.CSS_SELECTOR, '#where option[value="encoder_layers.0.self_attn"]'
+        ).click()
+        wait.until(lambda b: b.find_element(By.CSS_SELECTOR, "#attn .title").text == want)
+        status = browser.find_element(By.ID, "status").text
+        assert "uniform branch weights in encoder_layers.0.self_attn" in status
+        translator.set_branch_weights("uniform", only=["encoder_layers.0.self_attn"])
+        out = browser.find_element(By.CSS_SELECTOR, "#out .out-line .text")
+        assert out.text == translator.translate([text])[0]
 
         shot = Path(os.environ.get("WTNMT_SCREENSHOT") or tmp_path / "page.png")
         assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
