@@ -1,6 +1,7 @@
 """The test scores `wtnmt analyze` reads: kept in a run's ``eval/`` for the weights they were
 decoded with, found under older names, given the scores added since, and made by `wtnmt
-evaluate` where it decodes the run's own split as analyze would."""
+evaluate` where it decodes the run's own split as analyze would (Table 3 a sublayer at a
+time too)."""
 
 from __future__ import annotations
 
@@ -132,3 +133,67 @@ def test_analyze_reads_what_evaluate_decoded_of_the_runs_test_split(
     assert not kept_score(hand).exists()
     assert not kept_score(hand, branch_weights="uniform").exists()
     assert "kept for" not in capsys.readouterr().err
+
+
+def test_analyze_tabulates_what_evaluate_scored_a_sublayer_at_a_time(runs, tmp_path):
+    """Table 3 a sublayer at a time: a row for each `wtnmt evaluate --branch-weights-in` of the
+    run's scored weights on its test split, decoded as its test score was (its own files
+    too), none for other files, another beam or another length penalty; a run without any
+    has no such table."""
+    import shutil
+
+    from wtnmt.analysis.runs import Run
+    from wtnmt.analysis.table3 import table3_by_sublayer
+    from wtnmt.config import load_config
+
+    hand = tmp_path / runs[0].name  # the Weighted Transformer
+    shutil.copytree(runs[0], hand, ignore=shutil.ignore_patterns("eval", "checkpoints"))
+    assert table3_by_sublayer([Run.load(hand)]) is None
+    data = load_config(hand / "config.yaml").data
+    test = ["evaluate", str(hand), "--src", data.test_src, "--ref", data.test_tgt]
+    one, two = "encoder_layers.0.self_attn", "decoder_layers.1.cross_attn"
+    asked = [
+        ["--branch-weights", "uniform", "--branch-weights-in", one],
+        ["--branch-weights", "random", "--seed", "2", "--branch-weights-in", two,
+         "--branch-weights-in", one],
+    ]  # fmt: skip
+    for options in asked:
+        assert main([*test, *options]) == 0
+    shutil.copy(data.test_src, tmp_path / "mine.src")  # not the run's files: no row
+    assert main([*test[:3], str(tmp_path / "mine.src"), *test[4:], *asked[0]]) == 0
+    for options in (["--beam", "2"], ["--lenpen", "0.2"]):  # not as its test score decoded
+        assert main([*test, *asked[0], *options]) == 0
+    # a tiny model scores 0 BLEU everywhere: each evaluation gets a BLEU of its own to be found
+    bleu = {}
+    for n, path in enumerate(sorted((hand / "eval").glob("*.scores.json")), 1):
+        scores = json.loads(path.read_text())
+        path.write_text(json.dumps({**scores, "bleu": 10.0 * n}))
+        bleu[path.name.removesuffix(".scores.json")] = 10.0 * n
+    assert len(bleu) == 5
+    scores = json.loads((hand / "scores.json").read_text())
+    scores["test"]["bleu"] = 1.0  # the learned weights' score
+    (hand / "scores.json").write_text(json.dumps(scores))
+    both = bleu[f"test.random-seed2-in-{two}+{one}"]
+    alone = bleu[f"test.uniform-in-{one}"]
+    table = table3_by_sublayer([Run.load(hand)])
+    assert table is not None
+    assert table.rows == [
+        [hand.name, "random (seed 2)", f"{two} + {one}", both, both - 1.0],
+        [hand.name, "uniform", one, alone, alone - 1.0],
+    ]
+    # scores kept before evaluate said which split of the run they are of: read by the corpus
+    # and split they name, still as the run's test score decoded (beam, length penalty)
+    config = (hand / "config.yaml").read_text()
+    (hand / "config.yaml").write_text(config.replace("corpus: null", "corpus: multi30k", 1))
+    for path in (hand / "eval").glob("*.scores.json"):
+        scores = json.loads(path.read_text())
+        del scores["run_split"]
+        scores["source"] = {"corpus": "multi30k", "split": "test"}
+        path.write_text(json.dumps(scores))
+    table = table3_by_sublayer([Run.load(hand)])
+    assert table is not None
+    assert [row[2:4] for row in table.rows] == [
+        [f"{two} + {one}", both],
+        [one, bleu["mine.uniform-in-encoder_layers.0.self_attn"]],
+        [one, alone],
+    ]

@@ -19,7 +19,7 @@ from typing import Any
 
 from wtnmt.analysis import deep, figures
 from wtnmt.analysis.runs import Run, with_unique_names
-from wtnmt.analysis.table3 import table3
+from wtnmt.analysis.table3 import table3, table3_by_sublayer
 from wtnmt.analysis.tables import (
     Table,
     groups_table,
@@ -259,8 +259,8 @@ def analyze(
             figures.plot_steps_to_bleu(rows, target, out / "steps_to_bleu.png"),
         )
     branch_weights = table3(runs, random_seeds, decode)  # the kept decodings without decode
-    if branch_weights is not None:
-        report.tables.append(branch_weights)
+    by_sublayer = table3_by_sublayer(runs)  # what evaluate --branch-weights-in kept
+    report.tables.extend(t for t in (branch_weights, by_sublayer) if t is not None)
     if decode:
         _measure_with_weights(report, runs, sentence=sentence)
     return _write(report, runs, target)

@@ -6,10 +6,15 @@ random (seeds 1…N).
 Each decoding is kept in the run's ``eval/`` (``scoring.score_run``); a grid keeps them there
 as soon as a run is scored, while its weights exist. Where the weights are gone (a clone of
 committed results) or decoding is not asked for, a run shows the decodings it kept.
+
+Table 3 a sublayer at a time (κ, α replaced in some sublayers, the rest as learned) is read
+from the scores ``wtnmt evaluate --branch-weights-in`` kept in the same ``eval/``: nothing is
+decoded for it here.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from wtnmt.analysis.metrics import mean_sd
@@ -124,4 +129,61 @@ def table3(runs: list[Run], random_seeds: int, decode: bool) -> Table | None:
     return table
 
 
-__all__ = ["learns_branch_weights", "table3", "table3_row"]
+def _of_scored_test(run: Run, scores: dict[str, Any]) -> bool:
+    """Whether ``scores`` (an evaluation `wtnmt evaluate` kept) decoded the run's test split
+    as the run's test score did: its weights and beam, the PyTorch engine in float32, the
+    run's length penalty."""
+    how, decode = _scored_with(run), run.config.get("decode") or {}
+    source = scores.get("source") or {}
+    own_split = scores.get("run_split") == "test" or (
+        source.get("split") == "test"
+        and source.get("corpus") is not None
+        and source.get("corpus") == (run.config.get("data") or {}).get("corpus")
+    )
+    alpha, form = decode.get("length_penalty", 0.6), decode.get("length_penalty_form", "gnmt")
+    penalty = scores.get("length_penalty") or {"alpha": alpha, "form": form}  # older: unsaid
+    return (
+        own_split
+        and scores.get("weights") == how["weights"]
+        and (how["beam"] is None or scores.get("beam") == how["beam"])
+        and scores.get("quantize", "none") == "none"
+        and scores.get("engine", "pytorch") == "pytorch"
+        and (penalty.get("alpha"), penalty.get("form")) == (alpha, form)
+    )
+
+
+def table3_by_sublayer(runs: list[Run]) -> Table | None:
+    """Paper Table 3 a sublayer at a time: each evaluation of a run's scored weights on its test
+    split with κ, α replaced in the named sublayers alone (`wtnmt evaluate
+    --branch-weights-in`), against the run's learned score; None where no run has one."""
+    table = Table(
+        "Branch weights at test time, a sublayer at a time",
+        ["run", "κ, α", "replaced in", "test BLEU", "− learned"],
+        note="κ and α replaced (uniform, or a random draw of its seed) in the sublayers named, "
+        "the rest as learned; the weights, split and decoding of each run's test score; read "
+        "from what `wtnmt evaluate --branch-weights-in` kept in the run's eval/",
+    )
+    for run in runs:
+        if not learns_branch_weights(run) or not (run.path / "eval").is_dir():
+            continue
+        learned = ((run.scores or {}).get("test") or {}).get("bleu")
+        rows = []
+        for path in (run.path / "eval").glob("*.scores.json"):
+            try:
+                scores = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if not isinstance(scores, dict) or not scores.get("branch_weights_in"):
+                continue
+            if not _of_scored_test(run, scores) or scores.get("bleu") is None:
+                continue
+            names = list(scores["branch_weights_in"])
+            kind = scores.get("branch_weights", "?")
+            kind += f" (seed {scores['seed']})" if scores.get("seed") is not None else ""
+            rows.append((kind, len(names), names, scores["bleu"]))
+        for kind, _, names, bleu in sorted(rows):
+            table.rows.append([run.name, kind, " + ".join(names), bleu, _less(bleu, learned)])
+    return table if table.rows else None
+
+
+__all__ = ["learns_branch_weights", "table3", "table3_by_sublayer", "table3_row"]

@@ -276,10 +276,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     out = Path(args.run_dir) / "eval"
     out.mkdir(exist_ok=True)
     (out / f"{name}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-    # the decoding `wtnmt analyze` makes (κ, α replaced in every sublayer, if at all): kept
-    # for it to read
-    split = None if args.branch_weights_in else _analyzed_split(translator, args, src, refs, lenpen)
-    if split is not None:
+    # the run's own split, decoded as `wtnmt analyze` decodes it: kept for it to read where κ,
+    # α are replaced in every sublayer if at all; a sublayer's evaluation says so in its scores
+    split = _analyzed_split(translator, args, src, refs, lenpen)
+    scores["run_split"] = split
+    if split is not None and not args.branch_weights_in:
         from wtnmt.analysis.scoring import keep_decoding
 
         kept = keep_decoding(
