@@ -175,8 +175,8 @@ def test_branch_weights_replaced_in_named_sublayers_alone(run_dir, client):
         ),
         (
             {"branch_weights": "uniform", "branch_weights_in": ["encoder_layers.9.self_attn"]},
-            "branch_weights_in: 'encoder_layers.9.self_attn' is not a branched sublayer of "
-            f"this model; it has {', '.join(names)}",
+            "branch_weights_in: encoder_layers.9.self_attn: not a branched sublayer of this "
+            f"model; it has {', '.join(names)}",
         ),
         (
             {"branch_weights": "uniform", "branch_weights_in": []},

@@ -98,7 +98,7 @@ def named_branch_weights(model: nn.Module) -> dict[str, BranchWeights]:
     }
 
 
-def _chosen(model: nn.Module, only: Sequence[str] | None) -> list[BranchWeights]:
+def chosen_branch_weights(model: nn.Module, only: Sequence[str] | None) -> list[BranchWeights]:
     """The sublayers' κ, α named in ``only`` (all where None); a name that is not one of the
     model's branched sublayers is a ValueError naming them."""
     named = named_branch_weights(model)
@@ -124,7 +124,7 @@ def override_branch_weights(
     vector, ``learned`` changes nothing. A sublayer gets the same random draw whether it is
     replaced alone or with all the others. Meant for evaluation: load a fresh copy to undo.
     """
-    chosen = {id(m) for m in _chosen(model, only)}
+    chosen = {id(m) for m in chosen_branch_weights(model, only)}
     generator = torch.Generator().manual_seed(seed)
     for module in named_branch_weights(model).values():
         kept = [p.clone() for p in (module.kappa, module.alpha)]
@@ -141,7 +141,7 @@ def branch_weights_overridden(
     """Evaluate with ``uniform`` or ``random`` κ, α inside the block (paper Table 3), in every
     branched sublayer or in those named in ``only``; the learned values are put back on
     leaving it, even after an error."""
-    modules = _chosen(model, only)
+    modules = chosen_branch_weights(model, only)
     if how == "learned" or not modules:
         yield
         return
@@ -171,6 +171,7 @@ __all__ = [
     "BranchWeights",
     "branch_weight_table",
     "branch_weights_overridden",
+    "chosen_branch_weights",
     "named_branch_weights",
     "override_branch_weights",
     "project_branch_weights",

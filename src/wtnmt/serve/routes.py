@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from wtnmt.model import named_branch_weights
+from wtnmt.model import chosen_branch_weights
 from wtnmt.serve.batcher import QueueFull, ServerStopping, Ticket
 from wtnmt.serve.errors import ApiError
 from wtnmt.serve.runner import RequestPayload, Search, SentenceResult
@@ -186,16 +186,12 @@ def check_sublayers(names: tuple[str, ...], how: str, model: Any) -> None:
             reason="branch_weights_in",
             field="branch_weights_in",
         )
-    named = named_branch_weights(model)
-    unknown = [name for name in names if name not in named]
-    if unknown:
+    try:
+        chosen_branch_weights(model, names)  # the check evaluate and the override make
+    except ValueError as e:
         raise ApiError(
-            422,
-            f"branch_weights_in: {unknown[0][:60]!r} is not a branched sublayer of this model; "
-            f"it has {', '.join(named)}",
-            reason="branch_weights_in",
-            field="branch_weights_in",
-        )
+            422, f"branch_weights_in: {e}", reason="branch_weights_in", field="branch_weights_in"
+        ) from None
 
 
 def check_sentences(sentences: list[str], settings: Any) -> None:
