@@ -12,9 +12,10 @@ PYTEST_WORKERS ?= auto
 # Named corpora are found through WTNMT_DATA (yours, else ../shared/data when it is beside the
 # checkout), else downloaded; the demo and the tests on real corpora read it (empty: unset).
 WTNMT_DATA ?= $(if $(wildcard ../shared/data/tatoeba-deu-eng),$(abspath ../shared/data),)
-PYTEST := WTNMT_DATA="$(WTNMT_DATA)" $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
+PYTEST_ARGS := -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
+PYTEST := WTNMT_DATA="$(WTNMT_DATA)" $(BIN)/python -m pytest $(PYTEST_ARGS)
 
-.PHONY: setup test test-slow test-avx2 lint format demo bench clean
+.PHONY: setup test test-slow test-isa test-avx2 lint format demo bench clean
 
 setup: $(STAMP)
 
@@ -36,21 +37,25 @@ test: lint
 test-slow: setup
 	$(PYTEST) -m slow
 
-# The model, training and decoding tests again on the kernels of a CPU with AVX2 only (no
-# AVX-512, no native bf16), so that a newer CPU checks the older path too (the learning-rate
-# schedule and the clock, test_schedule.py, are no kernel's: not rerun).
-AVX2_TESTS := tests/test_model.py tests/test_model_cache.py tests/test_branched.py \
+# The numerics-sensitive tests (the model, training, decoding, int8 and ONNX tests) again
+# under each instruction set this CPU can emulate downward (ATEN_CPU_CAPABILITY and
+# ONEDNN_MAX_CPU_ISA: SSE4.1, AVX2, AVX-512, AVX-512 with VNNI, with bf16, AMX), so that a
+# newer CPU checks the kernels older ones run; the CPU's own level is the one `make test` ran.
+# ISA=avx2 runs one level (docs/ARCHITECTURE.md, "Tests on every CPU"). The learning-rate
+# schedule and the clock, test_schedule.py, are no kernel's: not rerun.
+NUMERIC_TESTS := tests/test_model.py tests/test_model_cache.py tests/test_branched.py \
 	tests/test_branch_weights.py \
 	tests/test_dropout.py tests/test_loss.py tests/test_train.py tests/test_resume.py \
 	tests/test_decode.py tests/test_translate.py tests/test_length_penalty.py \
-	tests/test_quantize.py tests/test_prune.py tests/test_precision.py
-# On a CPU whose best kernels are AVX2 already, `make test` ran exactly these: said, not rerun.
-test-avx2: setup
-	@if [ "$$($(BIN)/python -c 'import torch; print(torch.backends.cpu.get_cpu_capability())')" = AVX2 ]; then \
-		echo "test-avx2: this CPU's kernels are AVX2 already; make test ran these tests on them"; \
-	else \
-		ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(PYTEST) $(AVX2_TESTS); \
-	fi
+	tests/test_quantize.py tests/test_prune.py tests/test_precision.py tests/test_onnx.py
+ISA ?=
+test-isa: setup
+	WTNMT_DATA="$(WTNMT_DATA)" $(BIN)/python tests/isa_ladder.py $(if $(ISA),--only $(ISA)) -- \
+		$(PYTEST_ARGS) $(NUMERIC_TESTS)
+
+# The AVX2 level alone (what CI runs beside `make test`).
+test-avx2:
+	$(MAKE) test-isa ISA=avx2
 
 format: setup
 	$(BIN)/ruff format src tests benchmarks

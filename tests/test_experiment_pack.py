@@ -149,3 +149,96 @@ def test_a_run_is_scoring_once_it_has_written_finished_json_since_its_launch(tmp
     marker.write_text("{}")  # written by this process: its training is over
     assert _scoring(resume, launched)
     assert _scoring(Task(spec, train=False, resume=False, evaluate=True), launched)
+
+
+def test_a_pack_that_fails_midway_leaves_the_earlier_pack_whole(tmp_path, monkeypatch):
+    """A full disk while the second archive is written: the earlier complete pack is there
+    byte for byte, and nothing half-written stands under an archive's name."""
+    import errno
+
+    from wtnmt.experiment import pack
+
+    monkeypatch.chdir(tmp_path)
+    grid = load_grid(fake_results(Path("."), {"s1": 40_000, "s2": 40_000, "s3": 30_000}))
+    before = pack_results(grid, Path("out"), max_bytes=200_000, max_files=8)
+    earlier = {a.name: a.read_bytes() for a in before}
+    for spec in grid.runs:  # the runs went on: their curves grew
+        with (spec.run_dir / "metrics.jsonl").open("a") as f:
+            f.write('{"step": 7}\n')
+    written = pack._write_whole
+
+    def full_disk(path: Path, data: bytes) -> None:
+        if path.name.startswith(".results-02"):
+            path.write_bytes(data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        written(path, data)
+
+    monkeypatch.setattr(pack, "_write_whole", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        pack_results(grid, Path("out"), max_bytes=60_000, max_files=8)
+    assert {a.name: a.read_bytes() for a in Path("out").iterdir()} == earlier
+    monkeypatch.setattr(pack, "_write_whole", written)
+    again = pack_results(grid, Path("out"), max_bytes=60_000, max_files=8)  # room again
+    assert sorted(a.name for a in Path("out").iterdir()) == [a.name for a in again]
+    assert len(again) == 3
+
+
+def test_unpack_never_cuts_a_longer_file_and_refuses_a_damaged_archive(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    grid = load_grid(fake_results(Path("."), {"s1": 40_000, "s2": 40_000, "s3": 30_000}))
+    old = pack_results(grid, Path("old"), max_bytes=200_000, max_files=8)
+    curve = grid.runs[0].run_dir / "metrics.jsonl"
+    with curve.open("a") as f:  # the run went on after the old pack
+        f.write('{"step": 7}\n')
+    grown = curve.read_bytes()
+    new = pack_results(grid, Path("new"), max_bytes=60_000, max_files=8)
+    assert len(new) == 3
+    # a copy cut short: refused whole, nothing written, whatever the other archives hold
+    damaged = Path("damaged")
+    damaged.mkdir()
+    for archive in new:
+        (damaged / archive.name).write_bytes(archive.read_bytes())
+    cut = damaged / "results-02.tar.gz"
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
+    target = Path("elsewhere")
+    target.mkdir()
+    capsys.readouterr()
+    assert main(["unpack", str(damaged), "--into", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "results-02.tar.gz: damaged or cut short" in err
+    assert not any(target.iterdir())
+    # the older pack over the newer files: the grown curve is kept, and that is said
+    assert main(["unpack", str(old[0])]) == 0
+    out = capsys.readouterr()
+    assert curve.read_bytes() == grown
+    assert f"kept {curve}" in out.err and "1 kept as they were" in out.out
+    # into an empty place, then the newer pack over the older: every file as packed last
+    assert main(["unpack", "old", "--into", str(target)]) == 0
+    assert main(["unpack", "new", "--into", str(target)]) == 0
+    assert (target / curve).read_bytes() == grown
+    assert unpack(new, tmp_path) == {
+        str(p.relative_to(target)): p.read_bytes() for p in target.rglob("*") if p.is_file()
+    }
+
+
+def test_pack_problems_are_refused_before_anything_trains(tmp_path, capsys):
+    path = write_grid(tmp_path)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    capsys.readouterr()
+    assert main(["experiment", str(path), "--pack", str(mine)]) == 2
+    assert "holds 'notes.txt', not an archive of ours" in capsys.readouterr().err
+    assert (mine / "notes.txt").read_text() == "the user's"
+    assert (
+        main(["experiment", str(path), "--pack", str(tmp_path / "p"), "--pack-size", "1500"]) == 2
+    )
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "config.yaml compresses to" in err and "--pack-size" in err
+    assert not (tmp_path / "runs").exists()  # nothing trained, nothing made
+    for bad in ("nan", "inf", "0"):
+        assert main(["experiment", str(path), "--stop-after", bad]) == 2
+        assert "must be a number of seconds above 0" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()

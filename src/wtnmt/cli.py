@@ -24,6 +24,7 @@ from wtnmt.commands import (
     cmd_prepare,
     cmd_serve,
     cmd_train,
+    cmd_unpack,
 )
 from wtnmt.commands.decoding_args import add_evaluate, add_translate
 from wtnmt.guard import run_guarded
@@ -262,13 +263,36 @@ def _add_experiment(commands: argparse._SubParsersAction) -> None:
         "--pack",
         metavar="DIR",
         help="then write the runs' small results (config, metrics, scores, eval/; no weights) "
-        "into DIR/results-NN.tar.gz, to carry off the machine; `tar xzf` puts them back",
+        "into DIR/results-NN.tar.gz, to carry off the machine; `wtnmt unpack DIR` puts them "
+        "back",
     )
     p.add_argument(
         "--pack-size", type=size, default="16M", metavar="BYTES", help="per archive (16M)"
     )
     p.add_argument("--pack-files", type=int, default=8, metavar="N", help="archives at most (8)")
     p.set_defaults(func=cmd_experiment)
+
+
+def _add_unpack(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "unpack",
+        help="put a pack's results (experiment --pack DIR) back where the grid puts them",
+        description="Extract the archives of `wtnmt experiment --pack DIR` into the working "
+        "directory. Every archive is checked whole first (one cut short refuses them all); "
+        "a file already there is never replaced by a shorter copy that does not continue it.",
+    )
+    p.add_argument(
+        "paths", nargs="+", metavar="PATH", help="a --pack directory, or results-NN.tar.gz files"
+    )
+    p.add_argument(
+        "--into", default=".", metavar="DIR", help="where the paths start (the working directory)"
+    )
+    p.add_argument(
+        "--replace-longer",
+        action="store_true",
+        help="take the archive's file even where a longer one it does not continue is there",
+    )
+    p.set_defaults(func=cmd_unpack)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -288,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_export,
         _add_analyze,
         _add_experiment,
+        _add_unpack,
     ):
         add(commands)
     return parser

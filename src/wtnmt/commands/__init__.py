@@ -11,6 +11,7 @@ from wtnmt.commands.runs import (
     cmd_prepare,
     cmd_serve,
     cmd_train,
+    cmd_unpack,
 )
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "cmd_serve",
     "cmd_train",
     "cmd_translate",
+    "cmd_unpack",
 ]

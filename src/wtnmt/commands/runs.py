@@ -161,6 +161,22 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_unpack(args: argparse.Namespace) -> int:
+    from wtnmt.experiment.unpack import unpack
+
+    done = unpack(
+        [Path(p) for p in args.paths],
+        Path(args.into),
+        replace_longer=args.replace_longer,
+        say=lambda m: print(m, file=sys.stderr),
+    )
+    print(
+        f"unpacked into {args.into}: {len(done.written)} written, {len(done.unchanged)} "
+        f"unchanged, {len(done.replaced)} replaced, {len(done.kept)} kept as they were"
+    )
+    return 0
+
+
 def cmd_average(args: argparse.Namespace) -> int:
     from wtnmt.rundir.average import average_run
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 from pathlib import Path
 
@@ -31,10 +32,16 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     everything = grid
     if args.only:
         grid = only_runs(grid, args.only)
-    if args.stop_after is not None and args.stop_after <= 0:
-        raise ConfigError(f"--stop-after {args.stop_after:g}: must be more than 0 seconds")
+    if args.stop_after is not None and not (0 < args.stop_after < math.inf):
+        raise ConfigError(
+            f"--stop-after {args.stop_after:g}: must be a number of seconds above 0 (finite)"
+        )
     if args.pack_files < 1:
         raise ConfigError(f"--pack-files {args.pack_files}: must be at least 1")
+    if args.pack is not None:  # refused now, not after the call's training time is spent
+        from wtnmt.experiment.pack import check_pack
+
+        check_pack(everything, Path(args.pack), max_bytes=args.pack_size, max_files=args.pack_files)
     outcome = run_grid(grid, dry_run=args.dry_run, say=say, stop_after=args.stop_after)
     if args.dry_run:
         return 0

@@ -64,6 +64,10 @@ class RunSpec:
     def config(self) -> RunConfig:
         return load_config(self.preset, list(self.overrides))
 
+    def config_dict(self) -> dict[str, Any]:
+        """The run's full config as plain values, as its config.yaml holds them."""
+        return config_to_dict(self.config())
+
 
 @dataclass(frozen=True)
 class Grid:

@@ -10,8 +10,8 @@ Each run directory of the grid gives what is committed of it: ``config.yaml``,
 it finished gives its curve instead, as ``interrupted/<run>.tryN.*`` beside the grid's
 results. The files are laid
 greedily into ``results-01.tar.gz``, ``results-02.tar.gz``, …, each at most ``max_bytes``, at
-most ``max_files`` of them, paths as the grid names them (``tar xzf`` in the same working
-directory puts every file back where it was). What cannot fit is refused before anything is
+most ``max_files`` of them, paths as the grid names them (``wtnmt unpack`` in the same
+working directory puts every file back where it was: experiment/unpack.py). What cannot fit is refused before anything is
 written, naming the largest file and the room asked.
 """
 
@@ -36,6 +36,7 @@ from wtnmt.runtime import MACHINES
 RESULT_FILES = ("config.yaml", "finished.json", "scores.json", "metrics.jsonl", MACHINES)
 _ENTRY = 1024  # a tar header and padding, and a margin for gzip's framing
 _ARCHIVE = re.compile(r"results-\d{2,}\.tar\.gz")
+_PARTIAL = re.compile(r"\.results-\d{2,}\.tar\.gz\.partial")
 
 
 def run_result_files(run_dir: Path) -> list[Path]:
@@ -202,17 +203,20 @@ def _name(path: Path) -> str:
     return str(path).lstrip("/") if relative.startswith("..") else relative
 
 
-def _compressed_size(path: Path) -> int:
-    return len(gzip.compress(path.read_bytes(), compresslevel=6)) + _ENTRY
+def _compressed_size(data: bytes) -> int:
+    return len(gzip.compress(data, compresslevel=6)) + _ENTRY
 
 
-def plan_archives(files: list[Path], *, max_bytes: int, max_files: int) -> list[list[Path]]:
+def plan_archives(
+    files: list[Path], *, max_bytes: int, max_files: int, sizes: dict[Path, int] | None = None
+) -> list[list[Path]]:
     """``files`` in groups whose compressed size (estimated file by file) fits ``max_bytes``;
-    a ConfigError if one file alone, or all of them in ``max_files`` groups, do not fit."""
+    a ConfigError if one file alone, or all of them in ``max_files`` groups, do not fit.
+    ``sizes``: the compressed size of files not written yet (a run's config before it trains)."""
     groups: list[list[Path]] = [[]]
     room = max_bytes - _ENTRY
     for path in files:
-        size = _compressed_size(path)
+        size = (sizes or {}).get(path) or _compressed_size(path.read_bytes())
         if size > max_bytes - _ENTRY:
             raise ConfigError(
                 f"--pack: {path} compresses to {size:,} bytes, over the {max_bytes:,} an "
@@ -245,42 +249,116 @@ def _packed(spec: RunSpec) -> dict[Path, Path]:
     return {path: spec.results_dir / path.relative_to(spec.run_dir) for path in files}
 
 
-def pack_results(grid: Grid, out: Path, *, max_bytes: int, max_files: int) -> list[Path]:
-    """Write the archives of ``grid``'s results into ``out`` (made if needed; archives of an
-    earlier pack there are replaced, nothing else); returns their paths."""
-    names = {path: _name(name) for spec in grid.runs for path, name in _packed(spec).items()}
-    groups = plan_archives(list(names), max_bytes=max_bytes, max_files=max_files)
+def _check_directory(out: Path) -> None:
+    """``out`` can take a pack: a directory (or none yet) holding only archives of ours."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--pack {out}: is a file; --pack names a directory")
     if out.is_dir():
-        others = sorted(p.name for p in out.iterdir() if not _ARCHIVE.fullmatch(p.name))
+        others = sorted(
+            p.name for p in out.iterdir() if not (_ARCHIVE.fullmatch(p.name) or _partial(p))
+        )
         if others:
             raise ConfigError(
                 f"--pack {out}: holds {others[0]!r}, not an archive of ours; give a new or "
                 f"empty directory (an earlier pack's results-NN.tar.gz are replaced)"
             )
+
+
+def _partial(path: Path) -> bool:
+    """An archive a pack was writing when it stopped (a full disk, a kill): ours to remove."""
+    return _PARTIAL.fullmatch(path.name) is not None
+
+
+def check_pack(grid: Grid, out: Path, *, max_bytes: int, max_files: int) -> None:
+    """Before anything trains: ``out`` can take the pack, and the results can fit the bounds,
+    the config.yaml each run will write counted where it is not written yet (a call on a
+    rented GPU would otherwise spend its time and be refused at the end)."""
+    _check_directory(out)
+    files, sizes = [], {}
+    for spec in grid.runs:
+        packed = list(_existing(spec))
+        if not any(path.name == "config.yaml" for path in packed):
+            config = spec.run_dir / "config.yaml"
+            text = yaml.safe_dump(spec.config_dict(), sort_keys=False).encode()
+            sizes[config] = _compressed_size(text)
+            packed.append(config)
+        files += packed
+    plan_archives(files, max_bytes=max_bytes, max_files=max_files, sizes=sizes)
+
+
+def _existing(spec: RunSpec) -> list[Path]:
+    """The result files a run has now, where it trains or where its copy went."""
+    return run_result_files(spec.run_dir) or (
+        run_result_files(spec.results_dir) if spec.results_dir is not None else []
+    )
+
+
+def pack_results(grid: Grid, out: Path, *, max_bytes: int, max_files: int) -> list[Path]:
+    """Write the archives of ``grid``'s results into ``out`` (made if needed); returns their
+    paths. The new archives are written whole beside the old ones first
+    (``.results-NN.tar.gz.partial``, fsynced), and only then moved into place, the earlier
+    pack's surplus archives removed last: a pack that fails (a full disk) leaves the earlier
+    one as it was, and no archive under its final name is ever a part."""
+    names = {path: _name(name) for spec in grid.runs for path, name in _packed(spec).items()}
+    groups = plan_archives(list(names), max_bytes=max_bytes, max_files=max_files)
+    _check_directory(out)
     out.mkdir(parents=True, exist_ok=True)
+    for stale in filter(_partial, out.iterdir()):
+        stale.unlink()
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for i, group in enumerate(groups, start=1):
+            buffer = io.BytesIO()
+            with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as tar:
+                for path in group:
+                    tar.add(path, arcname=names[path], recursive=False)
+            data = buffer.getvalue()
+            if len(data) > max_bytes:  # the estimate is per file; the archive is checked whole
+                raise ConfigError(
+                    f"--pack: archive {i} came to {len(data):,} bytes, over {max_bytes:,}"
+                )
+            final = out / f"results-{i:02d}.tar.gz"
+            partial = out / f".{final.name}.partial"
+            staged.append((partial, final))
+            _write_whole(partial, data)
+    except BaseException:
+        for partial, _ in staged:
+            partial.unlink(missing_ok=True)
+        raise
+    for partial, final in staged:
+        os.replace(partial, final)
+    written = {final for _, final in staged}
     for old in out.iterdir():
-        old.unlink()
-    written = []
-    for i, group in enumerate(groups, start=1):
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as tar:
-            for path in group:
-                tar.add(path, arcname=names[path], recursive=False)
-        data = buffer.getvalue()
-        if len(data) > max_bytes:  # the estimate is per file; the archive is checked whole
-            raise ConfigError(
-                f"--pack: archive {i} came to {len(data):,} bytes, over {max_bytes:,}"
-            )
-        path = out / f"results-{i:02d}.tar.gz"
-        path.write_bytes(data)
-        written.append(path)
-    return written
+        if _ARCHIVE.fullmatch(old.name) and old not in written:
+            old.unlink()
+    _sync_directory(out)
+    return [final for _, final in staged]
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """``data`` into ``path``, fsynced (an error, a full disk, raises: the caller cleans up)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _sync_directory(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - a file system without directory handles
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
 
 
 __all__ = [
     "RESULT_FILES",
+    "check_pack",
     "copy_results",
     "drop_finished_curve",
     "keep_interrupted_curve",
