@@ -185,6 +185,93 @@ def test_an_interrupted_build_is_never_taken_for_the_directory(tmp_path, monkeyp
     assert prepare(changed, out, **QUIET, workers=1)["vocab_size"] == 70
 
 
+def test_a_move_cut_short_by_a_kill_is_finished_by_the_next_prepare(tmp_path, monkeypatch):
+    """Killed while it moves a rebuild in: the directory has some new files, the old others,
+    no manifest, and the build beside it. It stays ours (never refused as a user's folder, never
+    trained on) and the next prepare finishes the move, or, the build gone, builds again."""
+    import shutil
+
+    from wtnmt.data import prepared_dir
+
+    files = write(tmp_path / "raw", corpus_pairs(200))
+    out, clean = tmp_path / "out", tmp_path / "clean"
+    changed = config(files, vocab_size=70)
+    prepare(changed, clean, **QUIET, workers=1)
+
+    def contents(directory: Path) -> dict[str, object]:  # (spm.model and the manifest name
+        # the paths they were built at)
+        return {
+            p.name: vocabulary_sha256(p) if p.name == "spm.model" else p.read_bytes()
+            for p in directory.iterdir()
+            if p.name not in ("summary.json", "manifest.json")
+        }
+
+    expected = contents(clean)
+    for attempt in ("finished", "rebuilt"):
+        shutil.rmtree(out, ignore_errors=True)
+        prepare(config(files), out, **QUIET, workers=1)
+        replace, calls = os.replace, []
+
+        def killed(a, b, calls=calls, replace=replace):  # type: ignore[no-untyped-def]
+            calls.append(a)
+            if len(calls) == 2:  # one new file moved in: SIGKILL, nothing cleaned up
+                raise KeyboardInterrupt
+            replace(a, b)
+
+        monkeypatch.setattr(prepared_dir.os, "replace", killed)
+        monkeypatch.setattr(shutil, "rmtree", lambda *a, **k: None)
+        with pytest.raises(KeyboardInterrupt):
+            prepare(changed, out, **QUIET, workers=1)
+        monkeypatch.undo()
+        assert not (out / "manifest.json").exists() and (out / prepared_dir.MOVING).is_file()
+        builds = list(tmp_path.glob(".out.tmp-*"))
+        assert len(builds) == 1
+        if attempt == "rebuilt":
+            shutil.rmtree(builds[0])
+        said: list[str] = []
+        prepare(changed, out, log=said.append, workers=1)
+        assert contents(out) == expected, attempt
+        assert (out / "manifest.json").is_file() and not (out / prepared_dir.MOVING).exists()
+        assert ("finished moving" in said[0]) == (attempt == "finished")
+        assert not list(tmp_path.glob(".out.tmp-*"))
+
+
+@pytest.mark.slow
+def test_a_killed_encoding_worker_ends_the_prepare_in_one_line(tmp_path):
+    """kill -9 of a worker (as the OOM killer would): a multiprocessing.Pool waited forever
+    for the chunk it took with it; the prepare must end, exit 2, one line, nothing kept."""
+    files = write(tmp_path / "raw", corpus_pairs(6_000))
+    flag = tmp_path / "killed"
+    program = (
+        "import os, signal, sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "import wtnmt.data.train_split as split\n"
+        "encode = split.encode_chunk\n"
+        "def dying(chunk):\n"
+        "    try:\n"
+        f"        os.close(os.open({str(flag)!r}, os.O_CREAT | os.O_EXCL))\n"
+        "    except FileExistsError:\n"
+        "        return encode(chunk)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "split.encode_chunk = dying\n"
+        "from wtnmt.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    command = [
+        sys.executable, "-c", program, "prepare", "--src", files["train_src"],
+        "--tgt", files["train_tgt"], "--valid-src", files["valid_src"],
+        "--valid-tgt", files["valid_tgt"], "--test-src", files["test_src"],
+        "--test-tgt", files["test_tgt"], "--src-lang", "xx", "--tgt-lang", "yy",
+        "--vocab-size", "60", "--workers", "2", "--out", str(tmp_path / "out"),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert flag.exists()  # a worker was killed
+    assert done.returncode == 2, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert "an encoding worker died" in last and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp-*"))
+
+
 def _wait_for(path: Path, text: str, seconds: float = 60) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:

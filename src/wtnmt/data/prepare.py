@@ -34,6 +34,7 @@ from wtnmt.data.dataset import write_ids
 from wtnmt.data.io import DataError, read_parallel
 from wtnmt.data.prepared_dir import (
     check_output_directory,
+    finish_interrupted_move,
     move_into_place,
     remove_stale_builds,
 )
@@ -350,6 +351,7 @@ def prepare(
     workers = workers or default_workers()
     out = Path(out).resolve()  # `--out .` names the working directory, not an empty name
     check_output_directory(out)
+    finish_interrupted_move(out, log)
     start = time.perf_counter()
     source = _source(config)
     key, manifest = fingerprint(config, source.files)

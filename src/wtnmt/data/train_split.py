@@ -23,6 +23,8 @@ import random
 import sys
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +35,7 @@ import numpy as np
 from wtnmt.config import DataConfig
 from wtnmt.data.clean import length_filter
 from wtnmt.data.dataset import IdWriter, flatten
+from wtnmt.data.io import DataError
 from wtnmt.data.stream import Pair, PairStream
 from wtnmt.data.vocab import stderr_lines, train_sentencepiece
 
@@ -257,18 +260,29 @@ def _encoded(
     # pools a fork would copy mid-flight): the workers import only wtnmt.data
     fork = "torch" not in sys.modules and "fork" in multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if fork else "spawn")
+    # an executor, not multiprocessing.Pool: a worker that dies (the OOM killer, kill -9)
+    # breaks it, and every chunk in flight says so; a Pool replaces the worker and waits
+    # forever for the chunk it took with it
     with (
         _main_hidden(not fork),
-        context.Pool(workers, initializer=_start_worker, initargs=init) as pool,
+        ProcessPoolExecutor(
+            workers, mp_context=context, initializer=_start_worker, initargs=init
+        ) as pool,
     ):
-        pending: list[tuple[int, Any]] = []
-        for chunk in chunks:
-            pending.append((len(chunk), pool.apply_async(encode_chunk, (chunk,))))
-            if len(pending) >= 2 * workers:
-                n, result = pending.pop(0)
-                yield n, result.get()
-        for n, result in pending:
-            yield n, result.get()
+        pending: list[tuple[int, Future]] = []
+        try:
+            for chunk in chunks:
+                pending.append((len(chunk), pool.submit(encode_chunk, chunk)))
+                if len(pending) >= 2 * workers:
+                    n, result = pending.pop(0)
+                    yield n, result.result()
+            for n, result in pending:
+                yield n, result.result()
+        except BrokenProcessPool:
+            raise DataError(
+                "an encoding worker died (killed, or out of memory: try fewer --workers); "
+                "nothing of this prepare was kept"
+            ) from None
 
 
 def encode(

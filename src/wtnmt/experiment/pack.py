@@ -11,8 +11,8 @@ it finished gives its curve instead, as ``interrupted/<run>.tryN.*`` beside the 
 results. The files are laid
 greedily into ``results-01.tar.gz``, ``results-02.tar.gz``, …, each at most ``max_bytes``, at
 most ``max_files`` of them, paths as the grid names them (``wtnmt unpack`` in the same
-working directory puts every file back where it was: experiment/unpack.py). What cannot fit is refused before anything is
-written, naming the largest file and the room asked.
+working directory puts every file back where it was: experiment/unpack.py). What cannot fit
+is refused before anything is written, naming the largest file and the room asked.
 """
 
 from __future__ import annotations
