@@ -157,7 +157,7 @@ def test_a_set_value_that_is_not_yaml_is_named(text):
         ("train.adam_eps=-1", "train.adam_eps=-1.0 must be a finite number above 0"),
         ("train.label_smoothing=.nan", "train.label_smoothing=nan must be in [0, 1)"),
         ("decode.max_len_a=-1", "decode.max_len_a=-1.0 and decode.max_len_b=10 must be finite"),
-        ("decode.length_penalty=.inf", "decode.length_penalty=inf must be finite"),
+        ("decode.length_penalty=.inf", "decode.length_penalty=inf: allowed -10 to 10"),
     ],
 )
 def test_every_numeric_key_is_range_checked_on_load(override, message):

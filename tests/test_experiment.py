@@ -77,6 +77,25 @@ def test_a_bad_grid_file_is_refused_naming_the_key(tmp_path, capsys, changes, me
     assert not (tmp_path / "runs").exists()  # nothing started
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (b"out: runs\nruns: []\n# caf\xe9\n", "not UTF-8 text (at byte offset 24)"),
+        (b"out: a\nthreads: 1\nout: b\nruns: []\n", "key 'out' given twice (lines 1 and 3)"),
+        (
+            b"out: a\nruns:\n  - name: x\n    preset: weighted-tiny\n    name: y\n",
+            "key 'name' given twice (lines 3 and 5)",
+        ),
+    ],
+)
+def test_a_grid_file_unreadable_as_yaml_is_one_line(tmp_path, capsys, text, message):
+    path = tmp_path / "grid.yaml"
+    path.write_bytes(text)
+    assert main(["experiment", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and str(path) in err
+
+
 def test_each_run_gets_the_grid_settings(tmp_path):
     grid = load_grid(write_grid(tmp_path))
     assert [s.name for s in grid.runs] == ["weighted-s1", "weighted-s2"]

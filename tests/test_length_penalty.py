@@ -64,7 +64,7 @@ def test_lenpen_options_reach_the_search_and_are_recorded(tmp_path, capsys):
     assert scores["length_penalty"]["form"] == "fairseq"
     capsys.readouterr()
     assert cli([*args, "--lenpen", "nan"]) == 2
-    assert "decode.length_penalty=nan must be finite" in capsys.readouterr().err
+    assert "--lenpen nan: allowed -10 to 10" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli(["translate", str(run_dir), "--lenpen-form", "moses"])
     assert "invalid choice: 'moses'" in capsys.readouterr().err

@@ -62,6 +62,52 @@ def test_evaluate_options_are_checked(run_dir, tmp_path, capsys, args, message):
     assert message in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--lenpen", "1e308"], "--lenpen 1e+308: allowed -10 to 10"),
+        (["--lenpen=-1e6"], "--lenpen -1000000.0: allowed -10 to 10"),
+        (["--lenpen", "nan"], "--lenpen nan: allowed -10 to 10"),
+        (["--beam", "100000"], "--beam 100000: allowed 1 to 1024"),
+        (["--beam", "1000000000"], "--beam 1000000000: allowed 1 to 1024"),
+    ],
+)
+def test_search_settings_out_of_bounds_are_one_line(
+    run_dir, tmp_path, capsys, command, args, message
+):
+    (tmp_path / "s").write_text("alpha\n")
+    files = ["-i", str(tmp_path / "s")]
+    if command == "evaluate":
+        files = ["--src", str(tmp_path / "s"), "--ref", str(tmp_path / "s")]
+    assert cli([command, str(run_dir), *files, *args]) == 2
+    one_line(capsys, command, message)
+    assert not (run_dir / "eval" / "s.hyp").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("decode:\n  length_penalty: 1e308\n", "decode.length_penalty=1e+308: allowed -10 to 10"),
+        ("decode:\n  beam: 5000\n", "decode.beam=5000: allowed 1 to 1024"),
+        ("decode:\n  beam: 4\n  beam: 5\n", "key 'beam' given twice (lines 2 and 3)"),
+    ],
+)
+def test_search_settings_of_a_config_are_bounded(tmp_path, capsys, text, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    assert cli(["train", str(path), "--out", str(tmp_path / "run")]) == 2
+    one_line(capsys, "train", message, str(path))
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_python_api_bounds_the_beam(run_dir):
+    from wtnmt import Translator
+
+    with pytest.raises(ValueError, match="beam=100000: allowed 1 to 1024"):
+        Translator.load(run_dir).translate(["alpha"], beam=100_000)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

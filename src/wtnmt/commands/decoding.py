@@ -58,19 +58,25 @@ def nbest_lines(index: int, options, n: int) -> list[str]:  # type: ignore[no-un
     return lines + [f"{index} |||  ||| -inf"] * (n - len(lines))
 
 
+_OPTIONS = {"length_penalty": "--lenpen", "length_penalty_form": "--lenpen-form", "beam": "--beam"}
+
+
 def _length_penalty(translator, args: argparse.Namespace) -> bool:  # type: ignore[no-untyped-def]
-    """--lenpen and --lenpen-form in place of the run's decode settings (checked as a config
-    is); whether either was given."""
-    changes = {
-        key: value
-        for key, value in (
-            ("length_penalty", args.lenpen),
-            ("length_penalty_form", args.lenpen_form),
-        )
-        if value is not None
-    }
-    if changes:
+    """--lenpen and --lenpen-form in place of the run's decode settings, and --beam checked
+    with them, as a config is (a ConfigError naming the option); whether --lenpen or
+    --lenpen-form was given."""
+    given = {"length_penalty": args.lenpen, "length_penalty_form": args.lenpen_form}
+    changes = {key: value for key, value in given.items() if value is not None}
+    try:
         decode = dataclasses.replace(translator.config.decode, **changes)
+        if args.beam is not None:
+            dataclasses.replace(decode, beam=args.beam, nbest=1)
+    except ConfigError as e:
+        text = str(e)
+        for key, option in _OPTIONS.items():
+            text = text.replace(f"decode.{key}=", f"{option} ")
+        raise ConfigError(text) from None
+    if changes:
         translator.config = dataclasses.replace(translator.config, decode=decode)
     return bool(changes)
 

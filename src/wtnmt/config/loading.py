@@ -128,7 +128,25 @@ def config_to_dict(config: Any) -> dict[str, Any]:
 class _Loader(yaml.SafeLoader):
     """YAML as people write configs: PyYAML follows YAML 1.1, where a float needs a dot, so
     ``adam_eps: 1e-9`` would be read as the string '1e-9'. This also reads ``1e-9`` and
-    ``2E0`` as floats, as YAML 1.2 does."""
+    ``2E0`` as floats, as YAML 1.2 does. A key given twice in one mapping is an error (YAML
+    forbids it; PyYAML would keep the last value silently)."""
+
+    def construct_mapping(self, node, deep=False):  # type: ignore[no-untyped-def]
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                if isinstance(key, (str, int, float, bool)) and key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"key {key!r} given twice (lines {seen[key]} and {line})",
+                        key_node.start_mark,
+                    )
+                if isinstance(key, (str, int, float, bool)):
+                    seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(
@@ -180,9 +198,9 @@ def resolve_preset(name_or_path: str | Path) -> Path:
     )
 
 
-def load_config(source: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Load a YAML config (a path or a preset name) and apply ``--set`` overrides."""
-    path = resolve_preset(source)
+def read_yaml_file(path: Path) -> Any:
+    """A YAML file's values; a ConfigError naming the file where it cannot be read, is not
+    UTF-8, is not valid YAML or gives a key twice."""
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
@@ -190,9 +208,15 @@ def load_config(source: str | Path, overrides: list[str] | tuple[str, ...] = ())
     except OSError as e:
         raise ConfigError(f"{path}: cannot be read ({e.strerror})") from None
     try:
-        values = _yaml(text) or {}
+        return _yaml(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({yaml_reason(e)})") from None
+
+
+def load_config(source: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Load a YAML config (a path or a preset name) and apply ``--set`` overrides."""
+    path = resolve_preset(source)
+    values = read_yaml_file(path) or {}
     if not isinstance(values, dict):
         raise ConfigError(f"{path}: a config must be a mapping of sections")
     for text in overrides:

@@ -231,6 +231,13 @@ class TrainConfig:
                 raise ConfigError(f"train.adam_betas[{i}]={beta!r} must be in [0, 1)")
 
 
+# The search's bounds: a beam past 1,024 hypotheses a sentence asks memory by the gigabyte for
+# nothing a translation gains; |α| past 10 makes the penalty of a long output overflow (or
+# vanish, a division by zero) in float arithmetic, where 10 already decides by length alone.
+MAX_BEAM = 1024
+MAX_LENGTH_PENALTY = 10.0
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     """Search settings (Vaswani et al.: beam 4, length penalty α = 0.6 in the form of Wu et
@@ -247,6 +254,8 @@ class DecodeConfig:
 
     def __post_init__(self) -> None:
         positive(self, "decode", "beam", "nbest", "batch_tokens")
+        if self.beam > MAX_BEAM:
+            raise ConfigError(f"decode.beam={self.beam}: allowed 1 to {MAX_BEAM}")
         if self.nbest > self.beam:
             raise ConfigError(f"decode.nbest={self.nbest} exceeds decode.beam={self.beam}")
         if not (math.isfinite(self.max_len_a) and self.max_len_a >= 0) or self.max_len_b < 0:
@@ -254,8 +263,11 @@ class DecodeConfig:
                 f"decode.max_len_a={self.max_len_a!r} and decode.max_len_b={self.max_len_b!r} "
                 f"must be finite and >= 0"
             )
-        if not math.isfinite(self.length_penalty):
-            raise ConfigError(f"decode.length_penalty={self.length_penalty!r} must be finite")
+        if not -MAX_LENGTH_PENALTY <= self.length_penalty <= MAX_LENGTH_PENALTY:  # nan too
+            raise ConfigError(
+                f"decode.length_penalty={self.length_penalty!r}: allowed "
+                f"{-MAX_LENGTH_PENALTY:g} to {MAX_LENGTH_PENALTY:g}"
+            )
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from typing import Literal
 import torch
 
 from wtnmt.config import RunConfig
+from wtnmt.config.sections import MAX_BEAM
 from wtnmt.data.vocab import Vocabulary
 from wtnmt.decode.attention import LayerAttention, cross_attention
 from wtnmt.decode.search import search_batch
@@ -192,6 +193,8 @@ class Translator:
         """``translate_nbest`` of sentences already encoded (``encode``): batches sorted by
         length under ``batch_tokens`` padded source tokens (default: decode.batch_tokens)."""
         d = self.config.decode
+        if beam is not None and not 1 <= beam <= MAX_BEAM:
+            raise ValueError(f"beam={beam}: allowed 1 to {MAX_BEAM}")
         options = {
             "beam": d.beam if beam is None else beam,
             "nbest": nbest,

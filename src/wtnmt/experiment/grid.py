@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from wtnmt.config import ConfigError, RunConfig, config_to_dict, load_config
+from wtnmt.config.loading import read_yaml_file
 
 GRID_KEYS = {"out", "base", "budget", "threads", "parallel", "seeds", "evaluate", "analyze", "runs"}
 RUN_KEYS = {"name", "preset", "set", "seeds"}
@@ -180,12 +181,7 @@ def load_grid(path: str | Path) -> Grid:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such grid file")
-    try:
-        values = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        reason = str(getattr(e, "problem", None) or e).splitlines()[0]
-        raise ConfigError(f"{path}: not valid YAML ({reason})") from None
-    values = _mapping(path, "the file", values, GRID_KEYS)
+    values = _mapping(path, "the file", read_yaml_file(path), GRID_KEYS)
     for required in ("out", "runs"):
         if required not in values:
             raise _fail(path, required, "missing; a grid names its out directory and its runs")
