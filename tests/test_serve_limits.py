@@ -308,6 +308,48 @@ def test_connections_beyond_the_cap_are_refused_not_queued(translator):
             conn.close()
 
 
+def _closed_by_the_server(conn: socket.socket, within: float) -> bool:
+    conn.settimeout(within)
+    try:
+        while conn.recv(4096):
+            pass
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        pass
+    return True
+
+
+@pytest.mark.slow
+def test_idle_and_trickling_connections_neither_starve_requests_nor_stay(translator):
+    """60 sockets that connect and send nothing and 5 that trickle a header line every half
+    second, against a cap of 20 connections: a real request is answered at once (an idle
+    connection makes room for it), and each of them is closed within the header timeout."""
+    settings = ServeSettings(max_connections=20, header_timeout=2.0)
+    with Live(create_app(translator, settings), settings) as live:
+        host, port = live.url.removeprefix("http://").split(":")
+        idle = [socket.create_connection((host, int(port))) for _ in range(60)]
+        trickle = [socket.create_connection((host, int(port))) for _ in range(5)]
+        for conn in trickle:
+            conn.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\n")
+        time.sleep(0.3)
+        start = time.monotonic()
+        r = httpx.post(live.url + "/v1/translate", json={"text": "alpha"}, timeout=10)
+        assert r.status_code == 200, r.text
+        assert time.monotonic() - start < 2
+        for _ in range(6):  # a header line every 0.5 s: never a whole request
+            for conn in trickle:
+                try:
+                    conn.sendall(b"X-Slow: 1\r\n")
+                except OSError:  # closed already
+                    pass
+            time.sleep(0.5)
+        for conn in trickle + idle:
+            assert _closed_by_the_server(conn, within=3.0)
+            conn.close()
+        assert httpx.post(live.url + "/v1/translate", json={"text": "a"}).status_code == 200
+
+
 @pytest.mark.slow
 def test_oversized_attention_against_the_real_server(translator):
     settings = ServeSettings(max_attention_cells=10_000)

@@ -28,7 +28,12 @@ _LIMITS = (  # option, type, help
     ("--max-queue", int, "sentences waiting for the model before requests get 429"),
     ("--timeout", float, "seconds a request may wait for its translations (503 after it)"),
     ("--read-timeout", float, "seconds a client may take to send its request body (408)"),
-    ("--max-connections", int, "connections and requests at once (503 beyond them)"),
+    ("--header-timeout", float, "seconds a connection may stay without a request's headers"),
+    (
+        "--max-connections",
+        int,
+        "connections at once: an idle one is closed for a new one; 503 when all are busy",
+    ),
     ("--max-attention-sentences", int, "sentences per request that ask for attention maps"),
     ("--max-attention-cells", int, "attention-map numbers per request, estimated (422)"),
     ("--batch-wait-ms", float, "how long the oldest queued sentence waits for company"),
@@ -110,9 +115,13 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def server_config(app, settings: ServeSettings, *, log_level: str = "info"):  # type: ignore[no-untyped-def]
-    """uvicorn's settings for the app: a cap on connections at once (503 beyond it, so that
-    clients holding connections open cannot take them all) and a short keep-alive."""
+    """uvicorn's settings for the app: a cap on connections at once, a short keep-alive, and
+    connections that cannot hold the server idle (serve/connections.py): a request's headers
+    have a bounded time to arrive, and an idle connection makes room for a new one (503 only
+    when every connection is busy with a request)."""
     import uvicorn
+
+    from wtnmt.serve.connections import guarded_protocol
 
     return uvicorn.Config(
         app,
@@ -120,6 +129,7 @@ def server_config(app, settings: ServeSettings, *, log_level: str = "info"):  # 
         access_log=False,
         limit_concurrency=settings.max_connections,
         timeout_keep_alive=5,
+        http=guarded_protocol(settings.header_timeout),
     )
 
 

@@ -23,6 +23,10 @@ class ServeSettings:
     max_queue: int = 1024  # sentences waiting for the model; a request beyond it gets 429
     timeout: float = 60.0  # seconds a request may wait for its translations (503)
     read_timeout: float = 10.0  # seconds a client may take to send its body (408)
+    # seconds a connection may stay without a request begun (its headers whole), on arrival
+    # and after each answer: closed then, so that sockets that send nothing, or trickle a
+    # header line now and then, cannot hold connections
+    header_timeout: float = 10.0
     max_connections: int = 256  # open connections and requests at once (503 beyond)
     # attention maps grow as sentences × layers × branches × target × source tokens: their
     # own limits (422), estimated before decoding from the longest output allowed
@@ -44,7 +48,7 @@ class ServeSettings:
             _at_least(name, getattr(self, name), 1)
         for name in ("max_attention_sentences", "max_attention_cells"):
             _at_least(name, getattr(self, name), 1)
-        for name in ("timeout", "read_timeout"):
+        for name in ("timeout", "read_timeout", "header_timeout"):
             value = getattr(self, name)
             if not 0 < value < float("inf"):
                 option = name.replace("_", "-")
