@@ -127,8 +127,9 @@ def test_int8_is_off_by_default_and_its_steps_are_the_simulation(trained):
 
 
 def _margins(translator: Translator, source: str, ids: list[int]) -> float:
-    """The least lead of the best next token over the second along ``ids`` (its end
-    included), as the simulation computes it."""
+    """The least lead of the best next token over the second along ``ids`` and at its end
+    (where EOS was chosen; a translation cut at the length limit chose none there), as the
+    simulation computes it."""
     src = translator._tensor(translator.vocab.encode([source]))
     prefix = torch.tensor([[BOS, *ids]])
     with _simulation()(), torch.inference_mode():
@@ -136,7 +137,9 @@ def _margins(translator: Translator, source: str, ids: list[int]) -> float:
         least = float("inf")
         for t in range(len(ids) + 1):
             log_probs = step(prefix[:, : t + 1])[0]
-            assert int(log_probs.argmax()) == ([*ids, EOS])[t]  # the path is the greedy one
+            if t == len(ids) and int(log_probs.argmax()) != EOS:
+                break  # cut at the length limit: no choice made here
+            assert t == len(ids) or int(log_probs.argmax()) == ids[t]  # the greedy path
             least = min(least, float(margins(log_probs)))
     return least
 
