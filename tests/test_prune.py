@@ -311,6 +311,38 @@ def test_refusals_are_one_line_and_write_nothing(run, tmp_path, capsys):
     assert "is the run being pruned" in capsys.readouterr().err
 
 
+def test_an_interrupted_fine_tune_keeps_its_record_and_says_how_to_finish(
+    run, tmp_path, capsys, monkeypatch
+):
+    from wtnmt.train.loop import TrainingLoop
+
+    out = tmp_path / "ft"
+    argv = ["prune", str(run), "--out", str(out), "--keep", "1", "--criterion", "random"]
+    step = TrainingLoop._step
+
+    def interrupted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if self.state.step == 2:  # Ctrl-C after two updates
+            raise KeyboardInterrupt
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(TrainingLoop, "_step", interrupted)
+    assert main([*argv, "--fine-tune", "4"]) == 130
+    monkeypatch.undo()
+    record = json.loads((out / "prune.json").read_text())
+    assert record["fine_tuned"] is False and record["removed"] and record["scores"]
+    assert not (out / "finished.json").exists()
+    capsys.readouterr()
+    assert main([*argv, "--fine-tune", "4"]) == 2
+    err = capsys.readouterr().err
+    resume = f"wtnmt train {out / 'config.yaml'} --out {out} --resume"
+    assert err.count("\n") == 1 and "interrupted" in err and resume in err
+    assert main(resume.split()[1:]) == 0
+    assert "the fine-tune of its prune finished" in capsys.readouterr().out
+    finished = json.loads((out / "prune.json").read_text())
+    assert finished == {**record, "fine_tuned": True}
+    assert load_config(out / "config.yaml").prune.fine_tune_steps == 4
+
+
 def test_the_config_refuses_a_kept_branch_list_that_does_not_fit():
     values = config_to_dict(load_config("weighted-tiny"))
     values["model"]["kept_branches"] = {"encoder": [[0], [1]], "decoder": [[0, 4], [1]]}

@@ -93,6 +93,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         state = trainer.run()
     except KeyboardInterrupt:
         return 130
+    from wtnmt.prune.run import mark_fine_tuned
+
+    if mark_fine_tuned(out):  # the fine-tune of a `wtnmt prune` that was interrupted
+        print(f"{out}: the fine-tune of its prune finished: prune.json says so")
     print(
         f"{out}: {state.step} steps, stopped because {state.finished}; weights in "
         f"{out / 'model.safetensors'}"

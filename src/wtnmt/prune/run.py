@@ -77,6 +77,12 @@ def check_out(out: Path, run: Path) -> None:
         raise ConfigError(f"--out {out}: {blocked} is a file, not a directory")
     if out.resolve() == run.resolve():
         raise ConfigError(f"--out {out}: is the run being pruned; give a new directory")
+    if _fine_tune_pending(out) is not None:
+        raise ConfigError(
+            f"--out {out}: holds a fine-tune of wtnmt prune that was interrupted (its "
+            f"prune.json says fine_tuned: false): finish it with `{resume_command(out)}`, or "
+            f"give a new directory"
+        )
     if out.is_dir() and any(out.iterdir()):
         what = (
             "holds a model (model.safetensors)"
@@ -84,6 +90,30 @@ def check_out(out: Path, run: Path) -> None:
             else ("exists and is not empty")
         )
         raise ConfigError(f"--out {out}: {what}; give a new directory")
+
+
+def resume_command(out: Path) -> str:
+    return f"wtnmt train {out / 'config.yaml'} --out {out} --resume"
+
+
+def _fine_tune_pending(out: Path) -> dict | None:
+    """The prune.json of a pruned run whose fine-tune has not finished, else None."""
+    try:
+        summary = json.loads((out / "prune.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) and summary.get("fine_tuned") is False else None
+
+
+def mark_fine_tuned(out: Path) -> bool:
+    """Training of ``out`` finished: where it is the fine-tune of a prune that was interrupted
+    (resumed by `wtnmt train --resume`), its prune.json says so now. Whether it was one."""
+    summary = _fine_tune_pending(out)
+    if summary is None:
+        return False
+    summary["fine_tuned"] = True
+    atomic_write(out / "prune.json", (json.dumps(summary, indent=2) + "\n").encode())
+    return True
 
 
 def source_learning_rate(run: Path) -> float | None:
@@ -280,7 +310,12 @@ def prune_run(
         tuned = dataclasses.replace(pruned, train=tuned_train)
         log(f"fine-tuning {out} for {fine_tune} updates (peak lr {tuned.train.peak_lr:g})")
         trainer = Trainer(tuned, out, initial_weights=state)
+        # what was pruned is known now: kept whether or not the fine-tune is interrupted (a
+        # run resumed with `wtnmt train --resume` marks it fine-tuned when it finishes)
+        summary["fine_tuned"] = False
+        atomic_write(out / "prune.json", (json.dumps(summary, indent=2) + "\n").encode())
         trainer.run()
+        summary["fine_tuned"] = True
     else:
         out.mkdir(parents=True, exist_ok=True)
         import yaml
