@@ -130,6 +130,9 @@ def test_analyze_reads_what_evaluate_decoded_of_the_runs_test_split(
     assert main([*test[:3], str(tmp_path / "mine.src"), *test[4:]]) == 0
     one = ["--branch-weights-in", "encoder_layers.0.self_attn"]  # uniform in one sublayer
     assert main([*test, "--branch-weights", "uniform", *one]) == 0
+    made = sorted(p.name for p in (hand / "eval").iterdir())
+    assert main([*test, "--branch-weights", "uniform", *one, *one]) == 0  # named twice
+    assert sorted(p.name for p in (hand / "eval").iterdir()) == made  # the same files
     assert not kept_score(hand).exists()
     assert not kept_score(hand, branch_weights="uniform").exists()
     assert "kept for" not in capsys.readouterr().err

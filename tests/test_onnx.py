@@ -6,7 +6,11 @@ alike; a damaged or mismatched export is refused in one line."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -141,13 +145,14 @@ def _copy(run: Path, to: Path) -> Path:
     return to
 
 
-def _one_line_error(capsys, argv: list[str], *expected: str) -> None:
+def _one_line_error(capsys, argv: list[str], *expected: str) -> str:
     capsys.readouterr()
     assert cli(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     for text in expected:
-        assert text in err
+        assert text in err, err
+    return err
 
 
 def test_a_damaged_or_mismatched_export_is_refused_in_one_line(learned, tmp_path, capsys):
@@ -206,6 +211,28 @@ def test_translate_exports_on_first_use_and_export_replaces_only_its_own_export(
     assert "decoder_step.int8.onnx" in json.loads((onnx / "export.json").read_text())["files"]
     net = OnnxNetwork.open(onnx, run, quantize="int8")
     assert net.quantize == "int8"
+    # the export is a directory as any other (the umask's mode, not a temporary's 0700)
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(onnx.stat().st_mode) == 0o777 & ~mask
+    # an export whose export.json was deleted: translate says how to make it again (it has no
+    # --out), and export --force does
+    (onnx / "export.json").unlink()
+    translate = ["translate", str(run), "-i", str(inp), "--engine", "onnxruntime"]
+    err = _one_line_error(
+        capsys, translate, "without its export.json", f"export onnx {run} --force"
+    )
+    assert "--out" not in err
+    _one_line_error(capsys, ["export", "onnx", str(run)], "without its export.json", "--force")
+    # the work directory a killed export left is removed by the next export
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    left = run / f".onnx.{dead.pid}.k1ll3d.tmp"
+    left.mkdir()
+    (left / "encoder.onnx").write_bytes(b"half")
+    assert cli(["export", "onnx", str(run), "--force"]) == 0
+    assert not left.exists() and (onnx / "export.json").is_file()
+    assert cli(translate) == 0
 
 
 def test_options_onnx_runtime_cannot_honour_are_refused(learned, tmp_path, capsys):

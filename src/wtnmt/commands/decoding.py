@@ -208,6 +208,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             "--branch-weights-in names where --branch-weights uniform or random replaces κ, α: "
             "give one of those too"
         )
+    if args.branch_weights_in:  # a sublayer named twice is the same choice (and file names)
+        args.branch_weights_in = list(dict.fromkeys(args.branch_weights_in))
     tune_cpu_allocator()
     if Path(args.weights).name != args.weights:
         raise ConfigError(f"--weights {args.weights}: a file name in the run directory")

@@ -197,11 +197,17 @@ def load_network(
     """The run's network in ONNX Runtime, from ``directory`` (default RUN/onnx). Where the
     default directory has no export yet, or no int8 graphs when they are asked for, they are
     made first (and ``say`` says so); an export of other weights is refused."""
-    from wtnmt.export.onnx import META, add_int8, export_onnx
+    from wtnmt.export.files import META, lost_metadata
+    from wtnmt.export.onnx import add_int8, export_onnx
 
     run = Path(run)
     if directory is None:
         directory = run / "onnx"
+        if lost_metadata(directory):
+            raise ExportError(
+                f"{directory}: an export without its {META} (damaged): make it again with "
+                f"`wtnmt export onnx {run} --force`"
+            )
         if not (directory / META).is_file():
             say(f"exporting {run} to ONNX on first use: {directory} (once)")
             export_onnx(run, directory, weights=weights, quantize=quantize)

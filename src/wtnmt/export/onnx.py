@@ -19,6 +19,7 @@ import contextlib
 import io
 import json
 import logging
+import os
 import shutil
 import tempfile
 import warnings
@@ -31,7 +32,15 @@ import torch
 
 from wtnmt.data.corpora import sha256_of
 from wtnmt.data.vocab import vocabulary_sha256
-from wtnmt.errors import CheckpointError
+from wtnmt.export.files import (
+    GRAPHS,
+    META,
+    ExportError,
+    check_target,
+    graph_file,
+    remove_stale_exports,
+    umask,
+)
 from wtnmt.export.graphs import DecoderStepGraph, EncoderGraph
 from wtnmt.model.speed import plain_math
 from wtnmt.rundir import load_run
@@ -39,17 +48,7 @@ from wtnmt.runtime import cpu_has_vnni
 from wtnmt.safe_files import atomic_write
 
 FORMAT = 1  # of export.json; a reader refuses another
-META = "export.json"
 OPSET = 18
-GRAPHS = ("encoder", "decoder_step")
-
-
-class ExportError(CheckpointError):
-    """An export that cannot be made or used; the message names the file or the reason."""
-
-
-def graph_file(name: str, quantize: str) -> str:
-    return f"{name}.onnx" if quantize == "none" else f"{name}.{quantize}.onnx"
 
 
 @contextlib.contextmanager
@@ -273,13 +272,17 @@ def export_onnx(
     _require_exporter()
     run = Path(run)
     target = Path(out) if out is not None else run / "onnx"
-    _check_target(target, force)
+    check_target(target, force)
     config, _, model = load_run(run, weights=weights)
     model.eval()
     if say is not None:
         say(f"exporting {run} to ONNX: {target} (a minute or less)")
     target.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    remove_stale_exports(target)
+    work = Path(
+        tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp")
+    )
+    work.chmod(0o777 & ~umask())  # as mkdir would make it, not mkdtemp's 0700
     try:
         export_graphs(model, work)
         files = {graph_file(n, "none"): sha256_of(work / graph_file(n, "none")) for n in GRAPHS}
@@ -298,31 +301,13 @@ def export_onnx(
             "files": files,
         }
         atomic_write(work / META, (json.dumps(meta, indent=2) + "\n").encode())
-        if target.exists():  # our own export, replaced as asked (checked above)
+        if target.exists():  # our own export (or one that lost its META), replaced as asked
             shutil.rmtree(target)
         work.rename(target)
     finally:
         if work.exists():
             shutil.rmtree(work)
     return target
-
-
-def _check_target(target: Path, force: bool) -> None:
-    if target.exists() and not target.is_dir():
-        raise ExportError(f"{target}: exists and is not a directory")
-    if not target.is_dir() or not any(target.iterdir()):
-        return
-    if not (target / META).is_file():
-        raise ExportError(f"{target}: not empty and not a wtnmt export; choose another --out")
-    if not force:
-        raise ExportError(f"{target}: holds an export already; --force replaces it")
-    ours = {META} | {graph_file(n, q) for n in GRAPHS for q in ("none", "int8")}
-    others = sorted(p.name for p in target.iterdir() if p.name not in ours)
-    if others:
-        raise ExportError(
-            f"{target}: holds files an export did not write ({', '.join(others[:3])}); "
-            "move them or choose another --out"
-        )
 
 
 def read_export(directory: str | Path, run: str | Path, *, weights: str, quantize: str) -> dict:
@@ -367,6 +352,8 @@ def add_int8(directory: str | Path) -> None:
 
 
 __all__ = [
+    "GRAPHS",
+    "META",
     "ExportError",
     "add_int8",
     "export_graphs",
