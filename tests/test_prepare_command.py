@@ -5,6 +5,9 @@ one line."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -106,3 +109,47 @@ def test_prepare_src_without_tgt_is_one_line(tmp_path, capsys):
     assert (
         capsys.readouterr().err == "wtnmt prepare: error: --src and --tgt go together: give both\n"
     )
+
+
+def test_prepare_reads_its_inputs_from_pipes_too(tmp_path):
+    """--src /dev/stdin, - and a process substitution: read once into a file, then prepared
+    as the same files are."""
+    src, tgt = write_corpus(tmp_path)
+    expected = tmp_path / "files"
+    assert cli(_prepare_args(src, tgt, str(expected))) == 0
+    for how in ("stdin", "dash", "fifo"):
+        out = tmp_path / how
+        if how == "fifo":  # what bash makes of <(cat FILE)
+            fifo = tmp_path / "tgt.fifo"
+            os.mkfifo(fifo)
+            writer = subprocess.Popen(["sh", "-c", f"cat {tgt} > {fifo}"])
+            argv = _prepare_args(src, fifo, str(out))
+        else:
+            argv = _prepare_args(Path("/dev/stdin" if how == "stdin" else "-"), tgt, str(out))
+        program = "import sys; from wtnmt.cli import main; sys.exit(main(sys.argv[1:]))"
+        done = subprocess.run(  # stdin a pipe
+            [sys.executable, "-c", program, *argv],
+            input=src.read_bytes() if how != "fifo" else b"",
+            capture_output=True,
+            timeout=120,
+        )
+        if how == "fifo":
+            writer.wait(timeout=10)
+            fifo.unlink()
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+        assert b"(a stream) into a file first" in done.stderr
+        for name in ("train.src.npy", "train.tgt.npy", "valid.xx", "test.yy"):
+            assert (out / name).read_bytes() == (expected / name).read_bytes(), (how, name)
+        assert not list(tmp_path.glob(f".{how}.spool.tmp-*"))
+
+
+def test_a_nul_byte_in_an_input_is_one_line_naming_it(tmp_path, capsys):
+    src, tgt = write_corpus(tmp_path)
+    lines = src.read_bytes().split(b"\n")
+    lines[6] = lines[6][:3] + b"\x00" + lines[6][3:]
+    src.write_bytes(b"\n".join(lines))
+    out = tmp_path / "o"
+    assert cli(_prepare_args(src, tgt, str(out))) == 2
+    *_, error = capsys.readouterr().err.splitlines()  # its progress, then the error
+    assert error.startswith("wtnmt prepare: error: ") and f"{src}: line 7 holds a NUL" in error
+    assert not out.exists()

@@ -42,6 +42,12 @@ def test_parallel_files_read_back_aligned_by_content(tmp_path, pairs):
     src, tgt = tmp_path / "a.src", tmp_path / "a.tgt"
     src.write_bytes("".join(s + "\n" for s, _ in pairs).encode())
     tgt.write_bytes("".join(t + "\n" for _, t in pairs).encode())
+    sides = [[i for i, pair in enumerate(pairs) if "\x00" in pair[side]] for side in (0, 1)]
+    if sides[0] or sides[1]:  # no sentence holds a NUL byte: refused, naming the first line
+        where, nul = (src, sides[0][0]) if sides[0] else (tgt, sides[1][0])
+        with pytest.raises(DataError, match=f"{where}: line {nul + 1} holds a NUL byte"):
+            read_parallel(src, tgt)
+        return
     read = read_parallel(src, tgt)
     assert read == [(_expected(s, i == 0), _expected(t, i == 0)) for i, (s, t) in enumerate(pairs)]
 
@@ -66,6 +72,11 @@ def test_any_bytes_are_read_or_refused_with_a_data_error(tmp_path, data, other):
 def test_streamed_lines_equal_the_file_in_order(tmp_path, lines, chunk):
     path = tmp_path / "c.txt"
     path.write_bytes("".join(line + "\n" for line in lines).encode())
+    nul = next((i for i, line in enumerate(lines) if "\x00" in line), None)
+    if nul is not None:  # no sentence holds a NUL byte: refused, naming its line
+        with pytest.raises(DataError, match=f"line {nul + 1} holds a NUL byte"):
+            list(stream_lines(path, chunk=chunk))
+        return
     got, next_line = [], 1
     for first, part in stream_lines(path, chunk=chunk):
         assert first == next_line and 1 <= len(part) <= chunk

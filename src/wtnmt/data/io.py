@@ -24,8 +24,9 @@ class DataError(ValueError):
 
 
 def decode_lines(data: bytes, name: str, *, first_line: int = 1, first_byte: int = 0) -> list[str]:
-    """UTF-8 bytes → lines. Invalid UTF-8 raises DataError naming line and byte offset
-    (counted from ``first_line`` and ``first_byte`` when ``data`` is a piece of a stream)."""
+    """UTF-8 bytes → lines. Invalid UTF-8, or a NUL byte, raises DataError naming the line
+    (and the byte offset; counted from ``first_line`` and ``first_byte`` when ``data`` is a
+    piece of a stream)."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -35,6 +36,12 @@ def decode_lines(data: bytes, name: str, *, first_line: int = 1, first_byte: int
             f"{name}: invalid UTF-8 on line {line} at byte offset {first_byte + e.start} "
             f"(byte {e.start - start} of the line): {data[e.start : e.start + 1]!r}"
         ) from None
+    nul = text.find("\x00")
+    if nul >= 0:  # no sentence holds one: binary data, or a damaged file
+        raise DataError(
+            f"{name}: line {text.count(chr(10), 0, nul) + first_line} holds a NUL byte (binary "
+            f"data, or a damaged file): remove it"
+        )
     if first_line == 1 and text.startswith("\ufeff"):  # a byte-order mark is no sentence
         text = text[1:]
     lines = text.split("\n")

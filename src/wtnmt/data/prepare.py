@@ -39,6 +39,7 @@ from wtnmt.data.prepared_dir import (
     remove_stale_builds,
 )
 from wtnmt.data.split import keep_short, split_by_pivot
+from wtnmt.data.spool import spooled
 from wtnmt.data.stream import PairList, ParallelFiles, TsvFile
 from wtnmt.data.summary import split_stats
 from wtnmt.data.train_split import Selection, encode, kept_pairs, select, train_vocabulary
@@ -352,6 +353,21 @@ def prepare(
     out = Path(out).resolve()  # `--out .` names the working directory, not an empty name
     check_output_directory(out)
     finish_interrupted_move(out, log)
+    spool = out.parent / f".{out.name}.spool.tmp-{os.getpid()}"
+    try:
+        return _prepare(spooled(config, spool, log), out, log=log, force=force, workers=workers)
+    finally:
+        shutil.rmtree(spool, ignore_errors=True)
+
+
+def _prepare(
+    config: DataConfig,
+    out: Path,
+    *,
+    log: Callable[[str], None],
+    force: bool,
+    workers: int,
+) -> dict[str, Any]:
     start = time.perf_counter()
     source = _source(config)
     key, manifest = fingerprint(config, source.files)

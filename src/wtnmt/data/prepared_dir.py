@@ -141,7 +141,10 @@ def _alive(pid: int) -> bool:
 def remove_stale_builds(out: Path) -> None:
     """Builds of ``out`` left by a prepare that was killed (``.NAME.tmp-PID`` of a process
     that is gone): ours, by their name, and of no use to anyone."""
-    for path in out.parent.glob(f".{out.name}.tmp-*"):
+    for path in [
+        *out.parent.glob(f".{out.name}.tmp-*"),
+        *out.parent.glob(f".{out.name}.spool.tmp-*"),  # inputs read from a pipe
+    ]:
         pid = path.name.rpartition("-")[2]
         if not (pid.isdigit() and path.is_dir()) or int(pid) == os.getpid():
             continue
