@@ -163,3 +163,16 @@ def test_every_config_key_the_documents_name_exists():
             assert key in known[section], f"{path.name}: `{section}.{key}` is not a config key"
             named += 1
     assert named > 20
+
+
+def test_configuration_md_lists_every_key_as_the_dataclasses_have_it():
+    """docs/CONFIGURATION.md's tables are what `python -m wtnmt.config.reference` makes of the
+    config dataclasses, and every key has its meaning written beside its field."""
+    from wtnmt.config.reference import missing_meanings, tables, written_tables
+
+    assert missing_meanings() == []  # a key added without a comment saying what it does
+    document = (ROOT / "docs" / "CONFIGURATION.md").read_text(encoding="utf-8")
+    assert written_tables(document) == tables(), (
+        "docs/CONFIGURATION.md is out of date: python -m wtnmt.config.reference --write "
+        "docs/CONFIGURATION.md"
+    )

@@ -15,33 +15,38 @@ from wtnmt.config.pruning import KeptBranches
 class ModelConfig:
     """Architecture. Defaults are the Weighted Transformer (A) of the paper (Table 2)."""
 
+    # multihead: the Transformer; branched: the Weighted Transformer
     attention: Literal["multihead", "branched"] = "branched"
-    encoder_layers: int = 6
-    decoder_layers: int = 6
-    d_model: int = 512
+    encoder_layers: int = 6  # N of the encoder
+    decoder_layers: int = 6  # N of the decoder
+    d_model: int = 512  # D, the model's width
     heads: int = 8  # = branches M when attention == "branched"
-    d_ff: int = 2048
+    d_ff: int = 2048  # F, the feed-forward width (split over the branches)
     dropout: float = 0.1  # residual dropout P_drop
     attention_dropout: float = 0.1  # on the softmax output
     activation_dropout: float = 0.0  # after the FFN's ReLU
+    # layer norm after each sublayer (post, the paper's) or before it (pre)
     norm: Literal["post", "pre"] = "post"
+    # sinusoidal or learned position embeddings
     positions: Literal["sinusoidal", "learned"] = "sinusoidal"
-    max_positions: int = 1024
+    max_positions: int = 1024  # longest sequence the positions cover
     # W^Q, W^K, W^V start Xavier-uniform times this gain: 1 as tensor2tensor; fairseq's
     # MultiheadAttention uses 1/√2 (0.7071…), "convergence much better" by its comment
     qkv_init_gain: float = 1.0
     # Weighted Transformer options (used when attention == "branched")
     decoder_self_attention: Literal["multihead", "weighted"] = "multihead"
+    # each branch its own FFN of width F/M (split) or one shared
     branch_ffn: Literal["split", "shared"] = "split"
     # simplex: learned, as in the paper; fixed: κ = α = 1/M, never learned (a control)
     branch_weights: Literal["simplex", "softmax", "topk", "fixed"] = "simplex"
     branch_topk: int = 2  # k for branch_weights == "topk"
+    # κ, α initialised at random on the simplex or uniform (1/M)
     branch_init: Literal["random", "uniform"] = "random"
     # a pruned model (`wtnmt prune`): per layer, the branches kept (null: all M)
     kept_branches: KeptBranches | None = None
     # Transparent attention (Bapna et al., 2018)
     encoder_combination: Literal["top", "transparent"] = "top"
-    transparent_dropout: float = 0.1
+    transparent_dropout: float = 0.1  # dropout of the transparent-attention weights (Bapna et al.)
 
     def __post_init__(self) -> None:
         positive(self, "model", "encoder_layers", "decoder_layers", "d_model", "heads", "d_ff")

@@ -31,32 +31,35 @@ class DataConfig:
 
     corpus: str | None = "tatoeba-deu-eng"  # a named corpus, or null with src/tgt/tsv files
     corpus_dir: str | None = None  # explicit directory of the named corpus's files
-    src_lang: str = "en"
-    tgt_lang: str = "de"
+    src_lang: str = "en"  # source language: names the files (valid.en) and the corpus side
+    tgt_lang: str = "de"  # target language, as src_lang
+    # your own training source file (one sentence a line; with train_tgt, corpus: null)
     train_src: str | None = None
-    train_tgt: str | None = None
-    train_tsv: str | None = None
-    valid_src: str | None = None
-    valid_tgt: str | None = None
-    test_src: str | None = None
-    test_tgt: str | None = None
+    train_tgt: str | None = None  # its line-aligned target file
+    train_tsv: str | None = None  # or both sides in one tab-separated file (corpus: null)
+    valid_src: str | None = None  # dev source file (else dev is held out of train)
+    valid_tgt: str | None = None  # dev target file
+    test_src: str | None = None  # test source file (else test is held out of train)
+    test_tgt: str | None = None  # test target file
+    # where prepare writes the ids and vocabulary (relative to the working directory)
     prepared_dir: str = "data-bin/{corpus}.{src_lang}-{tgt_lang}"
     # Tatoeba has no standard split: a seeded split by unique English sentence.
     split_seed: int = 1
     train_size: int | None = None  # None: everything not in dev/test
-    valid_size: int = 1000
-    test_size: int = 1000
+    valid_size: int = 1000  # pairs held out for dev where the corpus has no dev set
+    test_size: int = 1000  # pairs held out for test where the corpus has no test set
     max_words: int | None = None  # keep only pairs whose sides have at most this many words
     # Subword vocabulary (sentencepiece, shared by both languages)
-    vocab_size: int = 8000
-    spm_model_type: Literal["bpe", "unigram"] = "bpe"
-    character_coverage: float = 1.0
-    spm_seed: int = 1
-    spm_max_sentences: int = 2_000_000
+    vocab_size: int = 8000  # pieces in the vocabulary
+    spm_model_type: Literal["bpe", "unigram"] = "bpe"  # sentencepiece's model type
+    character_coverage: float = 1.0  # characters the vocabulary covers (sentencepiece's; 1.0: all)
+    spm_seed: int = 1  # sentencepiece's seed
+    spm_max_sentences: int = 2_000_000  # sentences sampled to train the vocabulary
     # Cleaning (train split): over-long pairs and duplicates are dropped and counted
     max_tokens_per_side: int = 250
+    # longer side at most this many times the shorter (Moses' clean-corpus)
     max_length_ratio: float = 3.0
-    drop_duplicates: bool = True
+    drop_duplicates: bool = True  # drop exact repeats of an earlier pair
 
     def __post_init__(self) -> None:
         positive(self, "data", "vocab_size", "valid_size", "test_size", "max_tokens_per_side")
@@ -120,7 +123,9 @@ class DataConfig:
 class DisagreementConfig:
     """Disagreement regularization of attention heads (Li et al., 2018)."""
 
+    # Li et al.'s terms to add (none: off)
     terms: tuple[Literal["subspace", "position", "output"], ...] = ()
+    # the attention modules they apply to
     modules: tuple[Literal["encoder_self", "decoder_self", "encoder_decoder"], ...] = (
         "encoder_self",
         "decoder_self",
@@ -137,19 +142,19 @@ class DisagreementConfig:
 class TrainConfig:
     """The paper's training procedure (§4.1)."""
 
-    seed: int = 1
+    seed: int = 1  # seed of the weights' initialisation, dropout and batch order
     max_tokens: int = 4096  # padded source + target tokens per batch
     update_freq: int = 1  # gradient accumulation
-    lr_scale: float = 1.0
+    lr_scale: float = 1.0  # the learning rate's scale (the paper's D^-0.5 · schedule times this)
     # the peak learning rate (reached at the end of warm-up), as fairseq's --lr: when set, it
     # replaces lr_scale, which is then peak_lr · √(D · warmup)
     peak_lr: float | None = None
-    warmup: int = 4000
+    warmup: int = 4000  # updates of linear warm-up of the weights' learning rate
     # the weights' schedule after warm-up: the paper's inverse square root, or "linear" decay to
     # 0 at the end of the run (max_steps, max_epochs or max_time: fairseq's polynomial_decay),
     # which suits a run that is short by design (the demo); the peak is the same either way
     lr_schedule: Literal["inverse_sqrt", "linear"] = "inverse_sqrt"
-    branch_warmup: int = 400
+    branch_warmup: int = 400  # updates of warm-up of κ, α's learning rate (their own schedule)
     # κ, α: their own schedule (§4.1: warm-up of branch_warmup, scaled by the encoder depth)
     # or "shared": the learning rate of every other weight (an ablation)
     branch_schedule: Literal["own", "shared"] = "own"
@@ -160,31 +165,35 @@ class TrainConfig:
     # the warm-up lasts (κ/α warm-up a tenth of it), so that it ends inside the run on a slow
     # machine too; None: train.warmup and train.branch_warmup
     warmup_fraction: float | None = None
-    adam_betas: tuple[float, float] = (0.9, 0.98)
-    adam_eps: float = 1e-9
-    label_smoothing: float = 0.1
-    clip_norm: float | None = None
+    adam_betas: tuple[float, float] = (0.9, 0.98)  # Adam's β1, β2
+    adam_eps: float = 1e-9  # Adam's ε
+    label_smoothing: float = 0.1  # ε_ls of the cross-entropy
+    clip_norm: float | None = None  # clip the gradient's norm to this (null: no clipping)
     # auto: bf16 autocast where the hardware computes in bf16 natively (CPUs with AVX512-BF16,
     # AMX or Arm BF16; GPUs that support it), float32 elsewhere
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    max_steps: int | None = 100_000
-    max_epochs: int | None = None
+    max_steps: int | None = 100_000  # updates to train at most
+    max_epochs: int | None = None  # epochs to train at most
     max_time: float | None = None  # seconds of wall clock
-    log_every: int = 100
+    log_every: int = 100  # a metrics line every this many updates
+    # validate (and checkpoint) every this many updates; a short run validates at its end
     valid_every: int = 1000
     save_every: int | None = None  # default: valid_every
+    # the newest this many checkpoints kept (and the best); `wtnmt average --last N` needs N
     keep_checkpoints: int = 3
     max_nonfinite: int = 10  # consecutive skipped updates that stop the run
     grad_ratio: bool = False  # log r_t = ‖∂L/∂h_1‖ / ‖∂L/∂h_N‖ (Bapna et al., Fig. 1)
+    # where to train (auto: a GPU where there is one)
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # stop after this many validations without improvement (null: never)
     patience: int | None = None
-    best_metric: Literal["loss", "bleu"] = "loss"
+    best_metric: Literal["loss", "bleu"] = "loss"  # the dev metric that picks model.safetensors
     # what patience counts validations without improving: "best_metric" (the metric that
     # picks the best weights), or "loss_or_bleu" (either: the run stops once neither dev loss,
     # fairseq's patience metric, nor dev BLEU has improved in `patience` validations)
     patience_on: Literal["best_metric", "loss_or_bleu"] = "best_metric"
     valid_bleu: bool = True  # BLEU of greedy decoding of the dev set at each validation
-    threads: int | None = None
+    threads: int | None = None  # CPU threads (null: PyTorch's default)
     # torch.compile the model's training forward (dynamic shapes; validation and decoding stay
     # eager): for a small model on a GPU, whose update the host's work paces rather than the
     # GPU's. Slower on a CPU. The same recipe, but not the same run: compiled dropout draws
@@ -244,13 +253,14 @@ class DecodeConfig:
     al., 2016). ``length_penalty_form``: "gnmt", ((5 + |y|) / 6)^α, or "fairseq", |y|^α
     (fairseq's ``--lenpen``, 1 by default: scores are log-probabilities per token)."""
 
-    beam: int = 4
-    nbest: int = 1
-    length_penalty: float = 0.6
+    beam: int = 4  # beam size (1: greedy)
+    nbest: int = 1  # hypotheses a sentence returned
+    length_penalty: float = 0.6  # α of the length penalty that ranks finished hypotheses
+    # gnmt: ((5 + |y|) / 6)^α; fairseq: |y|^α
     length_penalty_form: Literal["gnmt", "fairseq"] = "gnmt"
     max_len_a: float = 1.5  # maximum output length a·source_length + b
-    max_len_b: int = 10
-    batch_tokens: int = 4096
+    max_len_b: int = 10  # b of the longest output a · source length + b
+    batch_tokens: int = 4096  # padded source tokens a decoding batch
 
     def __post_init__(self) -> None:
         positive(self, "decode", "beam", "nbest", "batch_tokens")
