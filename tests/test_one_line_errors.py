@@ -308,3 +308,27 @@ def test_prepare_workers_and_vocabulary_sample_out_of_range_are_one_line(tmp_pat
     assert cli([*args, "--vocab-sample", "0"]) == 2
     one_line(capsys, "prepare", "data.spm_max_sentences")
     assert not (tmp_path / "p").exists()
+
+
+def test_evaluate_tokenize_scores_bleu_as_sacrebleu_does_and_records_it(run_dir, tmp_path, capsys):
+    from sacrebleu.metrics import BLEU
+
+    src, ref = tmp_path / "s.txt", tmp_path / "r.txt"
+    src.write_text("alpha beta\ngamma\n")
+    ref.write_text("ALPHA 的 BETA\n猫 GAMMA\n")
+    base = ["evaluate", str(run_dir), "--src", str(src), "--ref", str(ref)]
+    assert cli([*base, "--tokenize", "zh"]) == 0
+    scores = json.loads((run_dir / "scores.json").read_text())
+    hyps = (run_dir / "eval" / "s.tok-zh.hyp").read_text().splitlines()
+    expected = BLEU(tokenize="zh").corpus_score(hyps, [ref.read_text().splitlines()])
+    assert scores["tokenize"] == "zh" and "tok:zh" in scores["signature"]
+    assert scores["bleu"] == round(expected.score, 2)
+    capsys.readouterr()
+    assert cli([*base, "--tokenize", "moses"]) == 2
+    one_line(capsys, "evaluate", "--tokenize moses: one of 13a, intl, zh")
+    try:
+        BLEU(tokenize="ja-mecab").corpus_score(["a"], [["a"]])
+    except RuntimeError:  # sacrebleu[ja] is not installed: said before anything is decoded
+        assert cli([*base, "--tokenize", "ja-mecab"]) == 2
+        one_line(capsys, "evaluate", "--tokenize ja-mecab", "pip install")
+        assert not (run_dir / "eval" / "s.tok-ja-mecab.hyp").exists()

@@ -192,12 +192,22 @@ def _analyzed_split(translator, args, src, refs, lenpen: bool) -> str | None:  #
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from wtnmt.decode.evaluate import paired_bootstrap, score_corpus, update_scores
+    from wtnmt.decode.evaluate import (
+        TokenizerError,
+        check_tokenizer,
+        paired_bootstrap,
+        score_corpus,
+        update_scores,
+    )
     from wtnmt.decode.translator import Translator
     from wtnmt.runtime import check_engine, check_quantize, tune_cpu_allocator
 
     check_quantize(args.quantize, args.device)
     check_engine(args.engine, args.device)
+    try:
+        check_tokenizer(args.tokenize)
+    except TokenizerError as e:
+        raise ConfigError(str(e)) from None
     if args.engine != "pytorch" and args.branch_weights != "learned":
         raise ConfigError(
             f"--branch-weights {args.branch_weights} overrides κ, α in the PyTorch engine "
@@ -268,11 +278,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     beam = args.beam or translator.config.decode.beam
     if beam != translator.config.decode.beam:  # --beam 2, then the run's beam: two files
         name += f".beam{beam}"
+    if args.tokenize != "13a":  # scored otherwise: its own scores beside the 13a ones
+        name += f".tok-{args.tokenize}"
     print(f"translating {len(src):,} sentences with beam {beam}", file=sys.stderr)
     start = time.perf_counter()
     hyps = translator.translate(src, beam=args.beam)
     seconds = time.perf_counter() - start
-    scored = score_corpus(hyps, refs, translator.config.data.tgt_lang)  # and the literature's
+    scored = score_corpus(  # and the literature's
+        hyps, refs, translator.config.data.tgt_lang, tokenize=args.tokenize
+    )
     scores = scored | {  # what was scored (a corpus split, or the two files) and how decoded
         "source": source, "beam": beam, "branch_weights": args.branch_weights,
         "seed": args.seed if args.branch_weights == "random" else None,
@@ -288,7 +302,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     # α are replaced in every sublayer if at all; a sublayer's evaluation says so in its scores
     split = _analyzed_split(translator, args, src, refs, lenpen)
     scores["run_split"] = split
-    if split is not None and not args.branch_weights_in:
+    if split is not None and not args.branch_weights_in and args.tokenize == "13a":
         from wtnmt.analysis.scoring import keep_decoding
 
         kept = keep_decoding(
@@ -301,7 +315,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         other = Translator.load(args.compare, device=args.device).translate(src, beam=args.beam)
         scores["compare"] = {
             "run": str(args.compare),
-            **paired_bootstrap(refs, hyps, other, samples=args.samples),
+            **paired_bootstrap(refs, hyps, other, samples=args.samples, tokenize=args.tokenize),
         }
     (out / f"{name}.scores.json").write_text(json.dumps(scores, indent=2))
     update_scores(Path(args.run_dir) / "scores.json", scores)

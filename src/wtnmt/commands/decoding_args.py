@@ -88,7 +88,15 @@ def add_evaluate(commands: argparse._SubParsersAction) -> None:
         "as the run logs them; again for more): which layer's weights the model leans on",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of --branch-weights random")
-    p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--tokenize",
+        default="13a",
+        metavar="TOK",
+        help="sacreBLEU's tokenization of BLEU: 13a (default), intl, zh, ja-mecab, ko-mecab, "
+        "char, flores101, flores200 (zh, ja-mecab, ko-mecab for Chinese, Japanese, Korean "
+        "targets); recorded in scores.json and the signature",
+    )
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, …")
     add_quantize(p)
     add_engine(p)
     p.set_defaults(func=cmd_evaluate)

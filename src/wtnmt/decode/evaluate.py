@@ -13,15 +13,44 @@ from sacrebleu.metrics import BLEU, CHRF
 
 from wtnmt.safe_files import atomic_write
 
+# sacreBLEU's tokenizations of BLEU (its --tokenize): 13a, its default, for languages written
+# with spaces; zh, ja-mecab, ko-mecab for Chinese, Japanese, Korean targets (the last two need
+# `pip install 'sacrebleu[ja]'` or `'sacrebleu[ko]'`); char, intl, flores101/200 (spBLEU)
+TOKENIZERS = ("13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "flores101", "flores200")
+
+
+class TokenizerError(ValueError):
+    """A tokenization sacreBLEU cannot run here; the message says what to install."""
+
+
+def check_tokenizer(tokenize: str) -> None:
+    """Refuse, before any decoding, a tokenization that is not one of TOKENIZERS or whose
+    packages are missing (TokenizerError naming what to install)."""
+    if tokenize not in TOKENIZERS:
+        raise TokenizerError(f"--tokenize {tokenize}: one of {', '.join(TOKENIZERS)}")
+    try:
+        BLEU(tokenize=tokenize).corpus_score(["a"], [["a"]])
+    except (RuntimeError, ImportError, OSError) as e:  # sacreBLEU: missing extras
+        install = next((ln.strip() for ln in str(e).splitlines() if "pip install" in ln), "")
+        raise TokenizerError(
+            f"--tokenize {tokenize}: sacreBLEU cannot tokenize so here"
+            + (f" ({install})" if install else f" ({str(e).strip().splitlines()[0]})")
+        ) from None
+
 
 def score_corpus(
-    hypotheses: Sequence[str], references: Sequence[str], lang: str | None = None
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    lang: str | None = None,
+    *,
+    tokenize: str = "13a",
 ) -> dict[str, Any]:
-    """sacreBLEU's BLEU and chrF with their signatures; given the target language ``lang``,
-    also BLEU as the Multi30k literature computes it (``lowercased_bleu``, ``moses_bleu``)."""
+    """sacreBLEU's BLEU (tokenized by ``tokenize``) and chrF with their signatures; given the
+    target language ``lang``, also BLEU as the Multi30k literature computes it
+    (``lowercased_bleu``, ``moses_bleu``)."""
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
-    bleu, chrf = BLEU(), CHRF()
+    bleu, chrf = BLEU(tokenize=tokenize), CHRF()
     b = bleu.corpus_score(list(hypotheses), [list(references)])
     c = chrf.corpus_score(list(hypotheses), [list(references)])
     scores = {
@@ -30,6 +59,7 @@ def score_corpus(
         "signature": str(bleu.get_signature()),
         "chrf_signature": str(chrf.get_signature()),
         "n_sentences": len(hypotheses),
+        "tokenize": tokenize,
     }
     if lang is None:
         return scores
@@ -78,6 +108,7 @@ def paired_bootstrap(
     baseline: Sequence[str],
     *,
     samples: int = 1000,
+    tokenize: str = "13a",
 ) -> dict[str, Any]:
     """sacreBLEU's paired bootstrap resampling (Koehn, 2004) of ``system`` against
     ``baseline``: BLEU of each with its 95% interval, and the p-value of the difference."""
@@ -85,7 +116,7 @@ def paired_bootstrap(
 
     test = PairedTest(
         [("baseline", list(baseline)), ("system", list(system))],
-        {"BLEU": BLEU(references=[list(references)])},
+        {"BLEU": BLEU(references=[list(references)], tokenize=tokenize)},
         None,
         test_type="bs",
         n_samples=samples,
