@@ -332,3 +332,28 @@ def test_evaluate_tokenize_scores_bleu_as_sacrebleu_does_and_records_it(run_dir,
         assert cli([*base, "--tokenize", "ja-mecab"]) == 2
         one_line(capsys, "evaluate", "--tokenize ja-mecab", "pip install")
         assert not (run_dir / "eval" / "s.tok-ja-mecab.hyp").exists()
+
+
+def test_every_option_of_every_command_says_what_it_does(capsys):
+    import argparse
+
+    from wtnmt.cli import build_parser
+
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    silent = [
+        f"{name} {action.option_strings or action.dest}"
+        for name, sub in commands.choices.items()
+        for action in sub._actions
+        if action.help is None and not isinstance(action, argparse._HelpAction)
+    ]
+    assert silent == []
+    with pytest.raises(SystemExit) as done:
+        cli(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("wtnmt 0.")
+    assert cli(["presets"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("weighted-m30k ") for line in listed)
+    assert len(listed) == len(
+        list((Path(__file__).parents[1] / "src/wtnmt/configs").glob("*.yaml"))
+    )

@@ -47,8 +47,8 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
         "'wtnmt[onnx]'). ctranslate2: a CTranslate2 model of a Transformer run (the branched "
         "layers of a Weighted Transformer have no CTranslate2 spec).",
     )
-    p.add_argument("format", choices=["onnx", "ctranslate2"])
-    p.add_argument("run_dir", metavar="RUN")
+    p.add_argument("format", choices=["onnx", "ctranslate2"], help="onnx or ctranslate2")
+    p.add_argument("run_dir", metavar="RUN", help="a trained run directory")
     p.add_argument("--out", help="the export's directory (default RUN/onnx for onnx)")
     p.add_argument("--weights", default="model.safetensors", help="weights file in RUN")
     p.add_argument(
@@ -76,13 +76,15 @@ def _add_prepare(commands: argparse._SubParsersAction) -> None:
     source.add_argument("--tsv", help="one TSV file of source<TAB>target lines")
     p.add_argument("--src", help="training source file, one sentence per line")
     p.add_argument("--tgt", help="training target file, line-aligned with --src")
-    p.add_argument("--valid-src", dest="valid_src")
-    p.add_argument("--valid-tgt", dest="valid_tgt")
-    p.add_argument("--test-src", dest="test_src")
-    p.add_argument("--test-tgt", dest="test_tgt")
-    p.add_argument("--src-lang", dest="src_lang")
-    p.add_argument("--tgt-lang", dest="tgt_lang")
-    p.add_argument("--vocab-size", dest="vocab_size", type=int)
+    p.add_argument("--valid-src", dest="valid_src", help="dev source file (else held out of train)")
+    p.add_argument("--valid-tgt", dest="valid_tgt", help="dev target file, line-aligned")
+    p.add_argument("--test-src", dest="test_src", help="test source file (else held out of train)")
+    p.add_argument("--test-tgt", dest="test_tgt", help="test target file, line-aligned")
+    p.add_argument(
+        "--src-lang", dest="src_lang", help="source language: names its files (valid.LANG)"
+    )
+    p.add_argument("--tgt-lang", dest="tgt_lang", help="target language: names its files")
+    p.add_argument("--vocab-size", dest="vocab_size", type=int, help="subword pieces (8000)")
     p.add_argument(
         "--vocab-sample",
         dest="spm_max_sentences",
@@ -102,7 +104,13 @@ def _add_prepare(commands: argparse._SubParsersAction) -> None:
         "--corpus-dir", dest="corpus_dir", help="directory holding the named corpus's files"
     )
     p.add_argument("--out", help="the prepared-data directory (default: data.prepared_dir)")
-    p.add_argument("--set", action="append", default=[], metavar="data.KEY=VALUE")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="data.KEY=VALUE",
+        help="any data key (docs/CONFIGURATION.md); repeatable",
+    )
     p.add_argument("--force", action="store_true", help="rebuild even if up to date")
     p.add_argument("--json", action="store_true", help="also print summary.json")
     p.set_defaults(func=cmd_prepare)
@@ -182,7 +190,7 @@ def _add_average(commands: argparse._SubParsersAction) -> None:
         "(as fairseq's average_checkpoints) to a new run directory OUT, which translate, "
         "evaluate and serve read as any run.",
     )
-    p.add_argument("run_dir", metavar="RUN")
+    p.add_argument("run_dir", metavar="RUN", help="a trained run directory")
     p.add_argument("--last", type=int, default=5, help="how many checkpoints (default 5)")
     p.add_argument("--out", required=True, help="the new run directory (must not exist)")
     p.set_defaults(func=cmd_average)
@@ -295,8 +303,31 @@ def _add_unpack(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_unpack)
 
 
+def _add_presets(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "presets",
+        help="list the configs shipped with wtnmt (train PRESET, --config PRESET)",
+        description="The presets: names that train, experiment grids and --config take in "
+        "place of a config file, each with the first line of its description.",
+    )
+    p.set_defaults(func=cmd_presets)
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    from wtnmt.config.loading import PRESET_DIR
+
+    for path in sorted(PRESET_DIR.glob("*.yaml")):
+        first = path.read_text(encoding="utf-8").splitlines()[:1]
+        about = first[0].lstrip("# ").strip() if first and first[0].startswith("#") else ""
+        print(f"{path.stem:<20} {about}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from importlib.metadata import version
+
     parser = _Parser(prog="wtnmt", description="Weighted Transformer neural machine translation.")
+    parser.add_argument("--version", action="version", version=f"wtnmt {version('wtnmt')}")
     commands = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser
     )
@@ -313,6 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_analyze,
         _add_experiment,
         _add_unpack,
+        _add_presets,
     ):
         add(commands)
     return parser

@@ -16,7 +16,7 @@ def add_translate(commands: argparse._SubParsersAction) -> None:
         description="Read raw text, one sentence per line (stdin or -i), write detokenised "
         "translations in the same order, one per line (stdout or -o).",
     )
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", metavar="RUN", help="a trained run directory")
     p.add_argument("-i", "--input", help="input file (default: stdin)")
     p.add_argument("-o", "--output", help="output file (default: stdout)")
     p.add_argument("--beam", type=int, help="beam size (default: the run's decode.beam)")
@@ -30,7 +30,7 @@ def add_translate(commands: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--chunk", type=int, default=2000, help="most lines translated together (default 2000)"
     )
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, …")
     p.add_argument("--threads", type=int, help="CPU threads in all (default: one a core)")
     p.add_argument(
         "--workers",
@@ -52,12 +52,17 @@ def add_evaluate(commands: argparse._SubParsersAction) -> None:
         description="Translate a corpus split (--corpus NAME --split SPLIT) or --src/--ref "
         "files, and score with sacreBLEU BLEU and chrF.",
     )
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", metavar="RUN", help="a trained run directory")
     p.add_argument("--corpus", help="a named corpus, split as the run's data config splits it")
-    p.add_argument("--split", default="test", choices=["train", "valid", "test"])
-    p.add_argument("--src")
-    p.add_argument("--ref")
-    p.add_argument("--beam", type=at_least_one)
+    p.add_argument(
+        "--split",
+        default="test",
+        choices=["train", "valid", "test"],
+        help="the run's own split, with --corpus or its config's files (default test)",
+    )
+    p.add_argument("--src", help="source file to translate (with --ref)")
+    p.add_argument("--ref", help="its reference translations, line-aligned")
+    p.add_argument("--beam", type=at_least_one, help="beam size (default: the run's decode.beam)")
     add_length_penalty(p)
     p.add_argument(
         "--weights",

@@ -23,7 +23,7 @@ def add_prune(commands: argparse._SubParsersAction) -> None:
         "layer, or --keep-total N over the model (at least one a layer). --fine-tune STEPS "
         "then trains the pruned model on RUN's data.",
     )
-    p.add_argument("run_dir", metavar="RUN")
+    p.add_argument("run_dir", metavar="RUN", help="the trained Weighted Transformer run to prune")
     p.add_argument("--out", required=True, help="the new run directory (must not exist)")
     budget = p.add_mutually_exclusive_group(required=True)
     budget.add_argument("--keep", type=at_least_one, metavar="K", help="branches kept a layer")

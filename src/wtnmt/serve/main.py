@@ -56,7 +56,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         name = option[2:].replace("-", "_")
         p.add_argument(option, type=kind, help=f"{text} (default {getattr(defaults, name)})")
     p.add_argument("--no-batching", action="store_true", help="translate one sentence at a time")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="what the server logs (default info)",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> ServeSettings:
