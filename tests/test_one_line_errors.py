@@ -357,3 +357,21 @@ def test_every_option_of_every_command_says_what_it_does(capsys):
     assert len(listed) == len(
         list((Path(__file__).parents[1] / "src/wtnmt/configs").glob("*.yaml"))
     )
+
+
+def test_evaluate_scores_the_runs_own_split_of_its_own_files(run_dir, tmp_path, capsys):
+    from wtnmt import Translator
+    from wtnmt.config import load_config
+
+    data = load_config(run_dir / "config.yaml").data
+    assert data.corpus is None and data.test_src  # trained on its own files
+    assert cli(["evaluate", str(run_dir), "--split", "test"]) == 0
+    scores = json.loads((run_dir / "scores.json").read_text())
+    assert scores["source"] == {"run_split": "test"}
+    refs = Path(data.test_tgt).read_text().splitlines()
+    hyps = Translator.load(run_dir).translate(Path(data.test_src).read_text().splitlines())
+    assert (run_dir / "eval" / "run.test.hyp").read_text().splitlines() == hyps
+    assert scores["n_sentences"] == len(refs)
+    capsys.readouterr()
+    assert cli(["evaluate", str(run_dir), "--src", data.test_src]) == 2
+    one_line(capsys, "evaluate", "--src and --ref go together", "wtnmt evaluate --help")

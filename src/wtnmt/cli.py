@@ -368,8 +368,6 @@ def _run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "evaluate" and not args.corpus and not (args.src and args.ref):
-        parser.error("give --corpus NAME [--split SPLIT], or --src FILE and --ref FILE")
     return run_guarded(args.command, lambda: _run(args))
 
 

@@ -174,6 +174,8 @@ def _analyzed_split(translator, args, src, refs, lenpen: bool) -> str | None:  #
     if args.corpus:
         same = args.corpus == data.corpus and args.split in ("valid", "test")  # what analyze scores
         splits = [args.split] if same else []
+    elif args.src is None:  # the run's own split, from its config
+        splits = [args.split] if args.split in ("valid", "test") else []
     else:
         splits = [
             split
@@ -202,6 +204,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from wtnmt.decode.translator import Translator
     from wtnmt.runtime import check_engine, check_quantize, tune_cpu_allocator
 
+    if (args.src is None) != (args.ref is None):
+        raise ConfigError(
+            "--src and --ref go together (or neither: the run's own --split); see "
+            "`wtnmt evaluate --help`"
+        )
+    if args.corpus and args.src:
+        raise ConfigError("give --corpus NAME or --src/--ref, not both")
     check_quantize(args.quantize, args.device)
     check_engine(args.engine, args.device)
     try:
@@ -244,6 +253,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         src, refs = [p[0] for p in pairs], [p[1] for p in pairs]
         name = f"{args.corpus}.{args.split}"
         source = {"corpus": args.corpus, "split": args.split}
+    elif args.src is None:  # the run's own split, as its config names or holds it out
+        from wtnmt.data.prepare import raw_split
+
+        pairs = raw_split(translator.config.data, args.split)
+        src, refs = [p[0] for p in pairs], [p[1] for p in pairs]
+        if not src:
+            raise ConfigError(f"--split {args.split}: the run's data has no such sentences")
+        name = f"run.{args.split}"
+        source = {"run_split": args.split}
     else:
         src, refs = _read_input(args.src), _read_input(args.ref)
         if len(src) != len(refs):

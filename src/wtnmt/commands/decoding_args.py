@@ -49,7 +49,8 @@ def add_evaluate(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "evaluate",
         help="translate a test set and score it with sacreBLEU",
-        description="Translate a corpus split (--corpus NAME --split SPLIT) or --src/--ref "
+        description="Translate the run's own split (--split SPLIT, as its config names its "
+        "files or holds them out), a named corpus's (--corpus NAME --split SPLIT) or --src/--ref "
         "files, and score with sacreBLEU BLEU and chrF.",
     )
     p.add_argument("run_dir", metavar="RUN", help="a trained run directory")
