@@ -176,3 +176,15 @@ def test_configuration_md_lists_every_key_as_the_dataclasses_have_it():
         "docs/CONFIGURATION.md is out of date: python -m wtnmt.config.reference --write "
         "docs/CONFIGURATION.md"
     )
+
+
+def test_the_readme_averages_no_more_checkpoints_than_the_demo_keeps():
+    from wtnmt.config import load_config
+
+    kept = load_config("weighted-demo").train.keep_checkpoints
+    asked = [
+        int(shlex.split(c)[shlex.split(c).index("--last") + 1])
+        for _, c in COMMANDS
+        if c.startswith("wtnmt average runs/demo") and "--last" in c
+    ]
+    assert asked and all(n <= kept for n in asked), (asked, kept)
