@@ -85,7 +85,7 @@ def test_evaluate_decodes_with_the_weights_named(tmp_path, capsys):
     assert json.loads((run_dir / "scores.json").read_text())["weights"] == "copy.safetensors"
     capsys.readouterr()
     assert cli([*args, "--weights", "../model.safetensors"]) == 2
-    assert "a file name in the run directory" in capsys.readouterr().err
+    assert "a file in the run directory, by its path there" in capsys.readouterr().err
     assert cli([*args, "--weights", "missing.safetensors"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "missing.safetensors" in err

@@ -375,3 +375,25 @@ def test_evaluate_scores_the_runs_own_split_of_its_own_files(run_dir, tmp_path, 
     capsys.readouterr()
     assert cli(["evaluate", str(run_dir), "--src", data.test_src]) == 2
     one_line(capsys, "evaluate", "--src and --ref go together", "wtnmt evaluate --help")
+
+
+def test_translate_takes_weights_and_a_run_without_its_best_yet_says_what_to_decode(
+    tmp_path, capsys
+):
+    from wtnmt import Translator
+
+    config = tiny_run_config(tmp_path, train={"max_steps": 3, "valid_every": 100})
+    Trainer(config, tmp_path / "run", **QUIET).run()  # stopped before any validation...
+    run = tmp_path / "run"
+    (run / "model.safetensors").unlink(missing_ok=True)  # ... as an interrupted run is
+    (tmp_path / "in.txt").write_text("alpha beta\n")
+    base = ["translate", str(run), "-i", str(tmp_path / "in.txt")]
+    capsys.readouterr()
+    assert cli(base) == 2
+    err = one_line(capsys, "translate", "no model.safetensors yet", "--weights checkpoints/step_")
+    checkpoint = err.split("--weights ")[1].split(",")[0]
+    assert cli([*base, "--weights", checkpoint]) == 0
+    out = capsys.readouterr().out
+    assert out == Translator.load(run, weights=checkpoint).translate(["alpha beta"])[0] + "\n"
+    assert cli([*base, "--weights", "/etc/passwd"]) == 2
+    one_line(capsys, "translate", "--weights /etc/passwd: a file in the run directory")

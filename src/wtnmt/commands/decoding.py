@@ -58,6 +58,16 @@ def nbest_lines(index: int, options, n: int) -> list[str]:  # type: ignore[no-un
     return lines + [f"{index} |||  ||| -inf"] * (n - len(lines))
 
 
+def check_weights_name(weights: str) -> None:
+    """--weights names a file inside the run directory (a checkpoint under it will do)."""
+    path = Path(weights)
+    if path.is_absolute() or ".." in path.parts or not path.parts:
+        raise ConfigError(
+            f"--weights {weights}: a file in the run directory, by its path there (e.g. "
+            f"average-last10.safetensors or checkpoints/step_0000400.safetensors)"
+        )
+
+
 _OPTIONS = {"length_penalty": "--lenpen", "length_penalty_form": "--lenpen-form", "beam": "--beam"}
 
 
@@ -103,6 +113,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         )
     if args.output:
         _check_output_file(args.output, args.input)
+    check_weights_name(args.weights)
 
     import torch
 
@@ -112,7 +123,11 @@ def cmd_translate(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     translator = Translator.load(
-        args.run_dir, device=args.device, quantize=args.quantize, engine=args.engine
+        args.run_dir,
+        device=args.device,
+        quantize=args.quantize,
+        engine=args.engine,
+        weights=args.weights,
     )
     _length_penalty(translator, args)
     beam = args.beam or translator.config.decode.beam
@@ -230,8 +245,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.branch_weights_in:  # a sublayer named twice is the same choice (and file names)
         args.branch_weights_in = list(dict.fromkeys(args.branch_weights_in))
     tune_cpu_allocator()
-    if Path(args.weights).name != args.weights:
-        raise ConfigError(f"--weights {args.weights}: a file name in the run directory")
+    check_weights_name(args.weights)
     translator = Translator.load(
         args.run_dir,
         device=args.device,
@@ -271,7 +285,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         name = Path(args.src).stem
         source = {"src": str(args.src), "ref": str(args.ref)}
     if args.weights != "model.safetensors":
-        name += f".{args.weights.split('.')[0]}"
+        name += f".{Path(args.weights).name.split('.')[0]}"
     if args.branch_weights != "learned":
         try:
             translator.set_branch_weights(

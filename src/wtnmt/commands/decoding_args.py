@@ -9,6 +9,16 @@ from wtnmt.cli_args import add_engine, add_length_penalty, add_quantize, at_leas
 from wtnmt.commands.decoding import cmd_evaluate, cmd_translate
 
 
+def add_weights(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--weights",
+        default="model.safetensors",
+        metavar="FILE",
+        help="the weights in RUN to decode with (default model.safetensors, the best on dev; "
+        "e.g. average-last10.safetensors, or a checkpoint: checkpoints/step_0000400.safetensors)",
+    )
+
+
 def add_translate(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "translate",
@@ -40,6 +50,7 @@ def add_translate(commands: argparse._SubParsersAction) -> None:
         help="decode on N processes, each searching whole batches on its share of --threads "
         "(CPU; faster on many sentences, seconds to start; default 1: in this process)",
     )
+    add_weights(p)
     add_quantize(p)
     add_engine(p)
     p.set_defaults(func=cmd_translate)
@@ -65,13 +76,7 @@ def add_evaluate(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--ref", help="its reference translations, line-aligned")
     p.add_argument("--beam", type=at_least_one, help="beam size (default: the run's decode.beam)")
     add_length_penalty(p)
-    p.add_argument(
-        "--weights",
-        default="model.safetensors",
-        metavar="FILE",
-        help="the weights in RUN to decode with (default model.safetensors; e.g. the "
-        "average-last10.safetensors that `wtnmt experiment` writes)",
-    )
+    add_weights(p)
     p.add_argument(
         "--compare",
         metavar="OTHER_RUN",

@@ -232,6 +232,20 @@ def check_vocabulary_file(path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- reading a run
+def missing_weights(run: Path, weights: str) -> str:
+    """Why ``run`` cannot be decoded with ``weights``, and what can be: a run stopped before
+    its first validation has checkpoints but no model.safetensors yet."""
+    newest = sorted((run / "checkpoints").glob("step_*.safetensors"))
+    if weights == "model.safetensors" and newest:
+        last = newest[-1].relative_to(run)
+        return (
+            f"{run}: no model.safetensors yet (it is written at the first validation, "
+            f"train.valid_every); decode its newest checkpoint with --weights {last}, or train "
+            f"on with --resume"
+        )
+    return f"{run}: no {weights} there"
+
+
 def load_run(path: str | Path, *, weights: str = "model.safetensors"):  # type: ignore[no-untyped-def]
     """(config, vocabulary, model with the weights) of a run, for decoding; every problem
     with its files is a CheckpointError naming the file."""
@@ -240,9 +254,11 @@ def load_run(path: str | Path, *, weights: str = "model.safetensors"):  # type: 
     run = Path(path)
     if not run.is_dir():
         raise CheckpointError(f"{run}: no such run directory")
-    for name in ("config.yaml", "spm.model", weights):
+    for name in ("config.yaml", "spm.model"):
         if not (run / name).is_file():
             raise CheckpointError(f"{run}: no {name} there; is it a wtnmt run directory?")
+    if not (run / weights).is_file():
+        raise CheckpointError(missing_weights(run, weights))
     check_vocabulary_file(run / "spm.model")
     try:
         config = load_config(run / "config.yaml")
