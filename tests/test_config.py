@@ -67,7 +67,10 @@ def test_overrides_are_applied_and_validated():
 @pytest.mark.parametrize(
     "values, message",
     [
-        ({"model": {"dmodel": 512}}, r"unknown config key model\.dmodel: allowed keys"),
+        (
+            {"model": {"dmodel": 512}},
+            r"unknown config key model\.dmodel \(did you mean model\.d_model\?\): allowed keys",
+        ),
         ({"modle": {}}, r"unknown config key modle"),
         (
             {"model": {"attention": "sparse"}},

@@ -15,7 +15,7 @@ import yaml
 from helpers import tiny_run_config, train_tiny
 from wtnmt.analysis.metrics import read_metrics
 from wtnmt.cli import main as cli
-from wtnmt.config import ConfigError, config_to_dict
+from wtnmt.config import ConfigError, config_to_dict, load_config
 from wtnmt.errors import TrainingError
 from wtnmt.experiment import load_grid
 from wtnmt.train import Trainer
@@ -397,3 +397,25 @@ def test_translate_takes_weights_and_a_run_without_its_best_yet_says_what_to_dec
     assert out == Translator.load(run, weights=checkpoint).translate(["alpha beta"])[0] + "\n"
     assert cli([*base, "--weights", "/etc/passwd"]) == 2
     one_line(capsys, "translate", "--weights /etc/passwd: a file in the run directory")
+
+
+def test_config_mistakes_name_the_key_they_meant_and_where_files_were_looked_for(
+    tmp_path, capsys, monkeypatch
+):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  valid_evry: 10\n")
+    assert cli(["train", str(path), "--out", str(tmp_path / "r")]) == 2
+    one_line(capsys, "train", str(path), "train.valid_evry (did you mean train.valid_every?)")
+    path.write_text("train:\n  max_steps: 3\n")
+    assert (
+        cli(["train", str(path), "--set", "train.max_stepz=4", "--out", str(tmp_path / "r")]) == 2
+    )
+    err = one_line(capsys, "train", "--set 'train.max_stepz=4'", "did you mean train.max_steps?")
+    assert str(path) not in err  # the override's mistake, not the file's
+    # one's own files and no corpus named: the default corpus does not stand beside them
+    path.write_text("data:\n  train_src: nowhere.en\n  train_tgt: nowhere.de\n")
+    config = load_config(path)
+    assert config.data.corpus is None and config.data.train_src == "nowhere.en"
+    monkeypatch.chdir(tmp_path)
+    assert cli(["prepare", str(path), "--out", str(tmp_path / "p")]) == 2
+    one_line(capsys, "prepare", f"nowhere.en: no such file in {tmp_path} (the working directory)")

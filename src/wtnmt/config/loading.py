@@ -7,6 +7,7 @@ keys are errors), then each section validates its values.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import types
 import typing
@@ -94,8 +95,10 @@ def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
     if unknown:
         where = f"{prefix}." if prefix else ""
         key = unknown[0] if str(unknown[0]).isidentifier() else repr(unknown[0])
+        close = difflib.get_close_matches(str(unknown[0]), sorted(names), n=1)
+        hint = f" (did you mean {where}{close[0]}?)" if close else ""
         raise ConfigError(
-            f"unknown config key {where}{key}: allowed keys in "
+            f"unknown config key {where}{key}{hint}: allowed keys in "
             f"{prefix or 'the top level'} are {', '.join(sorted(names))}"
         )
     kwargs = {
@@ -219,6 +222,21 @@ def load_config(source: str | Path, overrides: list[str] | tuple[str, ...] = ())
     values = read_yaml_file(path) or {}
     if not isinstance(values, dict):
         raise ConfigError(f"{path}: a config must be a mapping of sections")
+    given = {t.split("=", 1)[0].strip() for t in overrides}
+    if "data" not in values and given & {"data.train_src", "data.train_tsv"}:
+        values["data"] = {}
+    data = values.get("data")
+    if (
+        isinstance(data, dict)
+        and "corpus" not in data
+        and "data.corpus" not in given
+        and (
+            data.get("train_src")
+            or data.get("train_tsv")
+            or given & {"data.train_src", "data.train_tsv"}
+        )
+    ):  # one's own files, and no corpus named: not the default corpus beside them
+        data["corpus"] = None
     for text in overrides:
         keys, value = parse_override(text)
         node = values
@@ -231,6 +249,11 @@ def load_config(source: str | Path, overrides: list[str] | tuple[str, ...] = ())
         return config_from_dict(values)
     except ConfigError as e:
         # a value an override set is the override's fault, not the file's
-        given = [t for t in overrides if str(e).startswith(t.split("=", 1)[0].strip() + "=")]
+        given = [
+            t
+            for t in overrides
+            if str(e).startswith(t.split("=", 1)[0].strip() + "=")
+            or str(e).startswith(f"unknown config key {t.split('=', 1)[0].strip()}")
+        ]
         where = f"--set {given[-1]!r}" if given else str(path)
         raise ConfigError(f"{where}: {e}") from None

@@ -87,7 +87,8 @@ def _source(config: DataConfig) -> _Source:
 
     for path in files:
         if not path.is_file():
-            raise DataError(f"{path}: no such file")
+            where = "" if path.is_absolute() else f" in {Path.cwd()} (the working directory)"
+            raise DataError(f"{path}: no such file{where}")
     # dev or test files not given: that split is held out of train by unique source sentence
     missing = "valid" not in readers or "test" not in readers
     return _Source(
