@@ -153,3 +153,19 @@ def test_a_nul_byte_in_an_input_is_one_line_naming_it(tmp_path, capsys):
     *_, error = capsys.readouterr().err.splitlines()  # its progress, then the error
     assert error.startswith("wtnmt prepare: error: ") and f"{src}: line 7 holds a NUL" in error
     assert not out.exists()
+
+
+def test_the_prepare_log_says_the_kept_count_its_table_says(tmp_path):
+    """Pairs over the length limits are dropped after encoding: the log's "kept" is the
+    table's, not the count before that."""
+    from test_prepare_scale import config, corpus_pairs, write
+    from wtnmt.data import prepare
+
+    files = write(tmp_path / "raw", corpus_pairs(300))
+    said: list[str] = []
+    summary = prepare(config(files, max_tokens_per_side=12), tmp_path / "out", log=said.append)
+    kept = summary["splits"]["train"]["pairs_kept"]
+    assert summary["splits"]["train"]["dropped"].get("too_long")  # some dropped by length
+    line = next(s for s in said if "training pairs kept" in s)
+    assert f"{kept:,} training pairs kept" in line
+    assert not any(" kept (" in s for s in said)  # no earlier count called kept

@@ -33,8 +33,10 @@ from wtnmt.data.corpora import locate_corpus, sha256_of
 from wtnmt.data.dataset import write_ids
 from wtnmt.data.io import DataError, read_parallel
 from wtnmt.data.prepared_dir import (
+    SPLITS,
     check_output_directory,
     finish_interrupted_move,
+    is_current,
     move_into_place,
     remove_stale_builds,
 )
@@ -46,7 +48,6 @@ from wtnmt.data.train_split import Selection, encode, kept_pairs, select, train_
 from wtnmt.data.vocab import Vocabulary
 
 FORMAT_VERSION = 2  # 2: dev/test ids cut to max_tokens_per_side
-SPLITS = ("train", "valid", "test")
 Pair = tuple[str, str]
 
 # options that do not change what is built
@@ -112,26 +113,6 @@ def fingerprint(config: DataConfig, files: list[Path]) -> tuple[str, dict[str, A
     )
     manifest = {"version": FORMAT_VERSION, "options": options, "inputs": inputs}
     return hashlib.sha256(key.encode()).hexdigest(), manifest
-
-
-def is_current(directory: Path, key: str) -> bool:
-    manifest_path = directory / "manifest.json"
-    if not manifest_path.is_file():
-        return False
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except json.JSONDecodeError:
-        return False
-    if manifest.get("fingerprint") != key:
-        return False
-    model = directory / "spm.model"
-    needed = [model, directory / "summary.json"] + [
-        directory / f"{split}.{side}{ext}"
-        for split in SPLITS
-        for side in ("src", "tgt")
-        for ext in (".npy", ".idx.npy")
-    ]
-    return all(p.is_file() for p in needed) and sha256_of(model) == manifest.get("vocab_sha256")
 
 
 def make_splits(
@@ -248,7 +229,10 @@ def _build(
         log(f"splits: {corpus_level['split']}")
     train = splits["train"]
     selection = _select(config, train, pivot is None, duplicates=c.drop_duplicates)
-    log(f"read {selection.read:,} training pairs, {selection.kept:,} kept ({clock.lap('read')} s)")
+    log(
+        f"read {selection.read:,} training pairs, {selection.kept:,} past the empty and "
+        f"duplicate checks ({clock.lap('read')} s)"
+    )
     if pivot is None:
         corpus_level = _corpus_level(selection)
     read = {"train": selection.split}
@@ -284,7 +268,10 @@ def _build(
         max_ratio=c.max_length_ratio,
         workers=workers,
     )
-    clock.lap("encode")
+    log(
+        f"encoded ({clock.lap('encode')} s): {encoded['kept']:,} training pairs kept, "
+        f"{selection.kept - encoded['kept']:,} over the length limits"
+    )
     dropped["train"].update(encoded["dropped"])
     if not encoded["kept"]:
         raise DataError(

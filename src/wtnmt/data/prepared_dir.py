@@ -10,6 +10,8 @@ from pathlib import Path
 
 from wtnmt.data.io import DataError
 
+SPLITS = ("train", "valid", "test")
+
 
 def made_by_prepare(directory: Path) -> bool:
     """Whether ``directory`` holds a manifest that ``prepare`` wrote."""
@@ -71,6 +73,29 @@ def _moving(directory: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) and isinstance(record.get("build"), str) else None
+
+
+def is_current(directory: Path, key: str) -> bool:
+    """Whether ``directory`` holds a whole build of the inputs and options ``key`` names."""
+    from wtnmt.data.corpora import sha256_of
+
+    manifest_path = directory / "manifest.json"
+    if not manifest_path.is_file():
+        return False
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError:
+        return False
+    if manifest.get("fingerprint") != key:
+        return False
+    model = directory / "spm.model"
+    needed = [model, directory / "summary.json"] + [
+        directory / f"{split}.{side}{ext}"
+        for split in SPLITS
+        for side in ("src", "tgt")
+        for ext in (".npy", ".idx.npy")
+    ]
+    return all(p.is_file() for p in needed) and sha256_of(model) == manifest.get("vocab_sha256")
 
 
 def move_into_place(built: Path, out: Path) -> None:
@@ -155,6 +180,7 @@ def remove_stale_builds(out: Path) -> None:
 __all__ = [
     "check_output_directory",
     "finish_interrupted_move",
+    "is_current",
     "listed_files",
     "made_by_prepare",
     "move_into_place",
