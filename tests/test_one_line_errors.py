@@ -419,3 +419,35 @@ def test_config_mistakes_name_the_key_they_meant_and_where_files_were_looked_for
     monkeypatch.chdir(tmp_path)
     assert cli(["prepare", str(path), "--out", str(tmp_path / "p")]) == 2
     one_line(capsys, "prepare", f"nowhere.en: no such file in {tmp_path} (the working directory)")
+
+
+def test_evaluating_again_keeps_the_earlier_decoding_and_scores(run_dir, tmp_path, capsys):
+    import shutil
+
+    import torch
+
+    from wtnmt import Translator
+    from wtnmt.rundir.files import save_weights
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns("checkpoints", "eval"))
+    (tmp_path / "s").write_text("alpha beta\ngamma delta epsilon\n")
+    args = ["evaluate", str(run), "--src", str(tmp_path / "s"), "--ref", str(tmp_path / "s")]
+    assert cli(args) == 0
+    first = (run / "eval" / "s.hyp").read_text()
+    assert cli(args) == 0  # the same decoding again: nothing kept twice
+    assert not list((run / "eval").glob("s.hyp.~*~"))
+    model = Translator.load(run).model
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))  # other weights: another decoding
+    save_weights(model, run / "model.safetensors")
+    capsys.readouterr()
+    assert cli(args) == 0
+    assert "the earlier s.hyp differed: kept as" in capsys.readouterr().err
+    assert (run / "eval" / "s.hyp.~1~").read_text() == first
+    assert (run / "eval" / "s.hyp").read_text() != first
+    history = [json.loads(line) for line in (run / "eval" / "history.jsonl").open()]
+    assert [h["name"] for h in history] == ["s", "s", "s"]
+    assert history[0]["hypotheses_sha256"] == history[1]["hypotheses_sha256"]
+    assert history[2]["hypotheses_sha256"] != history[0]["hypotheses_sha256"]

@@ -7,7 +7,6 @@ import argparse
 import contextlib
 import dataclasses
 import hashlib
-import json
 import sys
 import time
 from pathlib import Path
@@ -213,8 +212,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         TokenizerError,
         check_tokenizer,
         paired_bootstrap,
+        record_scores,
         score_corpus,
         update_scores,
+        write_hypotheses,
     )
     from wtnmt.decode.translator import Translator
     from wtnmt.runtime import check_engine, check_quantize, tune_cpu_allocator
@@ -329,7 +330,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     scores["length_penalty"] = {"alpha": d.length_penalty, "form": d.length_penalty_form}
     out = Path(args.run_dir) / "eval"
     out.mkdir(exist_ok=True)
-    (out / f"{name}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    replaced = write_hypotheses(out, name, hyps)  # an earlier, other decoding kept, not lost
+    if replaced is not None:
+        print(f"the earlier {name}.hyp differed: kept as {replaced}", file=sys.stderr)
     # the run's own split, decoded as `wtnmt analyze` decodes it: kept for it to read where κ,
     # α are replaced in every sublayer if at all; a sublayer's evaluation says so in its scores
     split = _analyzed_split(translator, args, src, refs, lenpen)
@@ -349,7 +352,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             "run": str(args.compare),
             **paired_bootstrap(refs, hyps, other, samples=args.samples, tokenize=args.tokenize),
         }
-    (out / f"{name}.scores.json").write_text(json.dumps(scores, indent=2))
+    record_scores(out, name, scores)  # and a line of eval/history.jsonl
     update_scores(Path(args.run_dir) / "scores.json", scores)
     print(
         f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['n_sentences']} "

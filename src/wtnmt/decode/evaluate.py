@@ -133,6 +133,42 @@ def paired_bootstrap(
     }
 
 
+HISTORY = "history.jsonl"
+
+
+def write_hypotheses(eval_dir: Path, name: str, hypotheses: list[str]) -> Path | None:
+    """``name``.hyp written whole or not at all; an earlier one with other hypotheses (other
+    weights, other settings) kept as ``name``.hyp.~N~ rather than lost: returns its path."""
+    eval_dir.mkdir(parents=True, exist_ok=True)
+    data = "".join(h + "\n" for h in hypotheses).encode("utf-8")
+    hyp, kept = eval_dir / f"{name}.hyp", None
+    if hyp.is_file() and hyp.read_bytes() != data:
+        n = 1
+        while (eval_dir / f"{name}.hyp.~{n}~").exists():
+            n += 1
+        kept = eval_dir / f"{name}.hyp.~{n}~"
+        hyp.rename(kept)
+    atomic_write(hyp, data)
+    return kept
+
+
+def record_scores(eval_dir: Path, name: str, scores: dict) -> None:
+    """``name``.scores.json written whole, and a line appended to ``history.jsonl`` (when,
+    the scores, the hypotheses' sha256), so that no evaluation's scores are lost to the next."""
+    import datetime
+    import hashlib
+
+    atomic_write(eval_dir / f"{name}.scores.json", json.dumps(scores, indent=2).encode())
+    entry = {
+        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "name": name,
+        "hypotheses_sha256": hashlib.sha256((eval_dir / f"{name}.hyp").read_bytes()).hexdigest(),
+        "scores": scores,
+    }
+    with open(eval_dir / HISTORY, "a", encoding="utf-8") as f:
+        f.write(json.dumps(entry, ensure_ascii=False) + "\n")
+
+
 def update_scores(path: Path, scores: dict) -> None:
     """The latest evaluation's keys into the run's scores.json, keeping the keys of others
     (`wtnmt experiment` keeps its test scores there under "test"); what an earlier
