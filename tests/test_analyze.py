@@ -5,6 +5,7 @@ test_analysis_metrics.py)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -303,3 +304,13 @@ def test_the_runs_table_says_which_weights_its_test_scores_are_of(runs, tmp_path
     del scores["test"]["average"]
     (clones[0] / "scores.json").write_text(json.dumps(scores))
     assert note("mixed").startswith("the weights each run's scores.json names")
+
+
+def test_the_default_report_goes_beside_the_runs_not_into_the_working_directory(
+    runs, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    shared = Path(os.path.commonpath([str(r.resolve().parent) for r in runs]))
+    assert main(["analyze", *map(str, runs), "--no-decode"]) == 0
+    assert (shared / "analysis" / "summary.md").is_file()
+    assert not (tmp_path / "analysis").exists()

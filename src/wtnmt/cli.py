@@ -209,7 +209,11 @@ def _add_analyze(commands: argparse._SubParsersAction) -> None:
     p.add_argument(
         "runs", nargs="+", metavar="RUN", help="run directories; the first is the reference"
     )
-    p.add_argument("--out", default="analysis", help="output directory (default ./analysis)")
+    p.add_argument(
+        "--out",
+        help="output directory (default: analysis/ in the run, or in the directory the runs "
+        "share, e.g. runs/analysis for runs/a runs/b)",
+    )
     p.add_argument(
         "--target-bleu",
         type=float,

@@ -136,6 +136,16 @@ def _positive(name: str, value: int, least: int = 1) -> None:
         raise ConfigError(f"{name} {value}: must be at least {least}")
 
 
+def _beside(runs: list[str]) -> Path:
+    """analyze's default report directory: analysis/ in the one run, or in the directory the
+    runs share (never the working directory for runs elsewhere)."""
+    import os
+
+    if len(runs) == 1:
+        return Path(runs[0]) / "analysis"
+    return Path(os.path.commonpath([str(Path(r).resolve().parent) for r in runs])) / "analysis"
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
     from wtnmt.analysis.report import analyze
 
@@ -147,7 +157,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             raise ConfigError(f"{run}: not a run directory (no metrics.jsonl and config.yaml)")
     analyze(
         args.runs,
-        args.out,
+        args.out or _beside(args.runs),
         target_bleu=args.target_bleu,
         window=args.smooth,
         random_seeds=args.random_seeds,
