@@ -6,6 +6,7 @@ one rule for n-best lists with the command line."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -422,3 +423,15 @@ def test_serve_with_a_half_body_client_from_another_process(run_dir, tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_each_request_is_a_log_line(client, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="wtnmt.serve.requests"):
+        assert client.post("/v1/translate", json={"text": "alpha"}).status_code == 200
+        assert client.post("/v1/translate", json={"text": 3}).status_code == 422
+    lines = [r.getMessage() for r in caplog.records if r.name == "wtnmt.serve.requests"]
+    assert re.fullmatch(r"POST /v1/translate 200 \d+\.\d ms", lines[0]), lines
+    assert lines[1].startswith("POST /v1/translate 422 ")
+    assert all("alpha" not in line for line in lines)  # no text logged

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from typing import Any
 
@@ -106,8 +107,13 @@ class BodyDeadline:
         await self.app(scope, timed_receive, send)
 
 
+_log = logging.getLogger("wtnmt.serve.requests")
+
+
 class RequestMetrics:
-    """Counts every answer by path and status; times translation requests."""
+    """Counts every answer by path and status; times translation requests; logs a line per
+    request at INFO on the ``wtnmt.serve`` logger (method, path, status, milliseconds; no
+    text, no client address)."""
 
     def __init__(self, app: ASGIApp, *, metrics: Metrics, paths: set[str]) -> None:
         self.app, self.metrics, self.paths = app, metrics, paths
@@ -128,10 +134,12 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, watched_send)
         finally:
+            seconds = time.perf_counter() - start
             path = scope["path"] if scope["path"] in self.paths else "other"
             self.metrics.requests.labels(path=path, status=str(status)).inc()
             if path == "/v1/translate":
-                self.metrics.request_seconds.observe(time.perf_counter() - start)
+                self.metrics.request_seconds.observe(seconds)
+            _log.info("%s %s %d %.1f ms", scope.get("method", "?"), path, status, 1000 * seconds)
 
 
 __all__ = ["BodyDeadline", "BodyLimit", "RequestMetrics", "send_json"]
