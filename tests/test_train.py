@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -234,37 +233,32 @@ def test_best_by_bleu_without_a_vocabulary_is_refused(tmp_path):
         Trainer(config, tmp_path / "run", **QUIET).run()
 
 
-def test_tensorboard_events_when_tensorboard_is_installed(tmp_path, monkeypatch):
-    import importlib.util
-    import types
+def test_tensorboard_events_hold_the_logged_scalars(tmp_path):
+    """With the [tensorboard] extra, the run's tensorboard/ events hold every number of
+    metrics.jsonl at its step, read back with TensorBoard's own reader."""
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    scalars = []
-
-    class FakeWriter:  # stands in for torch.utils.tensorboard.SummaryWriter
-        def __init__(self, log_dir):
-            self.log_dir = log_dir
-
-        def add_scalar(self, key, value, step):
-            scalars.append((key, value, step))
-
-        def flush(self):
-            pass
-
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util,
-        "find_spec",
-        lambda name, *a: object() if name == "tensorboard" else real_find_spec(name, *a),
-    )
-    monkeypatch.setitem(
-        sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=FakeWriter)
-    )
     config = tiny_run_config(tmp_path, train={"max_steps": 4, "log_every": 2, "valid_every": 4})
     Trainer(config, tmp_path / "run", **QUIET).run()
-    keys = {k for k, _, _ in scalars}
-    assert {"loss", "lr", "tokens_per_s", "valid_loss"} <= keys
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    events.Reload()
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
-    assert ("loss", logged[0]["loss"], 2) in scalars  # the same values as metrics.jsonl
+    expected = {
+        (key, entry["step"]): float(value)
+        for entry in logged
+        for key, value in entry.items()
+        if key != "step" and isinstance(value, (int, float))  # a bool as 0 or 1
+    }
+    assert {"loss", "lr", "tokens_per_s", "valid_loss"} <= {k for k, _ in expected}
+    read = {
+        (key, event.step): event.value
+        for key in events.Tags()["scalars"]
+        for event in events.Scalars(key)
+    }
+    assert read.keys() == expected.keys()
+    for where, value in expected.items():  # stored as float32
+        assert read[where] == pytest.approx(value, rel=1e-6, abs=1e-30), where
 
 
 def test_dev_bleu_survives_a_line_separator_inside_a_reference(tmp_path):
