@@ -5,7 +5,6 @@ the trainer's model, state, config, report and the methods named in its docstrin
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
@@ -15,7 +14,7 @@ import torch.distributed as dist
 from wtnmt import interrupt
 from wtnmt.errors import TrainingError
 from wtnmt.runtime import EMULATED_BF16_WARNING, bf16_emulated
-from wtnmt.train.report import progress_bar
+from wtnmt.train.report import advance, progress_bar
 from wtnmt.train.schedule import CALIBRATION_STEPS, fitted_warmup, refit_due
 from wtnmt.train.state import TrainState, Window
 
@@ -31,8 +30,9 @@ class TrainingLoop:
         s, tc = self.state, self.tc
         self.model.train()
         progress = None
-        if self.is_main and self.log_to_stderr and sys.stderr.isatty():
-            progress = progress_bar(tc, s)
+        if self.is_main and self.log_to_stderr:
+            progress = progress_bar(tc, s)  # on a terminal wide enough to draw one
+        self.report.bar = progress  # log lines go above it
         self.log(
             f"training {sum(p.numel() for p in self.model.parameters()):,} parameters "
             f"on {self.device} ({self.world} process{'es' if self.world > 1 else ''}) in "
@@ -45,6 +45,7 @@ class TrainingLoop:
         self._window, self._lrs = Window(), (0.0, 0.0)
         self._fit_mark: tuple[int, float] | None = None  # (updates, seconds) at the last fit
         budget = self._step_budget()
+        self.report.budget = (budget, tc.max_time)  # for the time left in each log line
         reason = self._stop_reason()
         sigint = interrupt.take_over()  # Ctrl-C stops before the next update, the first too
         try:
@@ -72,6 +73,7 @@ class TrainingLoop:
             interrupt.give_back(sigint)
             if progress is not None:
                 progress.close()
+                self.report.bar = None
         self._finish(reason)
         return s
 
@@ -99,7 +101,7 @@ class TrainingLoop:
         if tc.warmup_fraction is not None and refit_due(s.step):
             self._fit_schedule()
         if progress is not None:
-            progress.update(time.perf_counter() - start if progress.unit == "s" else 1)
+            advance(progress, time.perf_counter() - start if progress.unit == "s" else 1)
         self._after_update(result.ratio, progress)
 
     def _rank0_clock(self, elapsed: float) -> float:

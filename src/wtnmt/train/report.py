@@ -57,19 +57,57 @@ def append_line(path: Path, line: str) -> None:
 
 
 def progress_bar(train, state: TrainState):  # type: ignore[no-untyped-def]
-    """A tqdm bar of the run: of seconds for a wall-clock budget (its estimate is then the
-    time left), of steps otherwise."""
+    """A tqdm bar of the run on a terminal (stderr): of seconds for a wall-clock budget (its
+    estimate is then the time left), of steps otherwise; None where stderr is no terminal, or
+    one too narrow to draw in (a pty of zero width drew nothing until the first validation):
+    log lines with the time left then."""
+    if not sys.stderr.isatty():
+        return None
+    try:
+        width = os.get_terminal_size(sys.stderr.fileno()).columns
+    except OSError:
+        width = 0
+    if width < 40:
+        return None
     from tqdm import tqdm
 
     if train.max_steps is None and train.max_time is not None:
         return tqdm(
             total=round(train.max_time),
-            initial=round(state.elapsed),
+            initial=min(round(state.elapsed), round(train.max_time)),
             unit="s",
             dynamic_ncols=True,
             bar_format="{l_bar}{bar}| {n:.0f}/{total}s [{elapsed}<{remaining}{postfix}]",
         )
+    if train.max_steps is None:  # epochs: no total to show
+        return tqdm(initial=state.step, unit="step", dynamic_ncols=True)
     return tqdm(total=train.max_steps, initial=state.step, unit="step", dynamic_ncols=True)
+
+
+def advance(bar, amount: float) -> None:  # type: ignore[no-untyped-def]
+    """Move ``bar`` on, never past its total (a run bounded by max_time ends a little after
+    it: tqdm then showed 102% and '<-00:00' with a warning)."""
+    if bar.total is not None:
+        amount = max(0.0, min(amount, bar.total - bar.n))
+    if amount:
+        bar.update(amount)
+
+
+def time_left(state: TrainState, budget: tuple[int | None, float | None], per_step: float) -> str:
+    """' | 42% | 0:12:34 left' of a run with a step or time budget, from the last window's
+    seconds per update (the sooner of the two ends where it has both); '' for epochs."""
+    max_steps, max_time = budget
+    ends = []
+    if max_steps:
+        ends.append(((max_steps - state.step) * per_step, state.step / max_steps))
+    if max_time:
+        ends.append((max_time - state.elapsed, state.elapsed / max_time))
+    if not ends:
+        return ""
+    seconds, done = min(ends)
+    seconds = max(0, round(seconds))
+    clock = f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+    return f" | {min(done, 1.0):.0%} | {clock} left"
 
 
 def recorded_validations(run_dir: Path, up_to: int) -> list[tuple[float, float | None]]:
@@ -97,6 +135,8 @@ class RunReport:
     def __init__(self, run_dir: Path, *, is_main: bool, to_stderr: bool) -> None:
         self.run_dir, self.is_main, self.to_stderr = run_dir, is_main, to_stderr
         self._tensorboard: Any = None
+        self.bar: Any = None  # the progress bar on a terminal, while training shows one
+        self.budget: tuple[int | None, float | None] = (None, None)  # max steps, max seconds
         self._looked_for_tensorboard = False
 
     @property
@@ -116,7 +156,10 @@ class RunReport:
             return
         line = f"[{time.strftime('%H:%M:%S')}] {message}"
         if self.to_stderr and stderr:
-            print(line, file=sys.stderr, flush=True)
+            if self.bar is not None:  # above the progress bar, which stays at the bottom
+                self.bar.write(line, file=sys.stderr)
+            else:
+                print(line, file=sys.stderr, flush=True)
         append_line(self.run_dir / "train.log", line)
 
     def machine(self, step: int, device: torch.device, world: int) -> None:
@@ -195,13 +238,13 @@ class RunReport:
             f"step {s.step} | epoch {s.epoch} | loss {loss:.3f} | nll {nll:.3f} | "
             f"ppl {entry['ppl']:.1f} | lr {lr:.2e} | lr κα {lr_branch:.2e} | gnorm "
             f"{entry['grad_norm']:.2f} | {entry['tokens_per_s']:.0f} tok/s | "
-            f"{s.elapsed:.0f}s"
+            f"{s.elapsed:.0f}s" + time_left(s, self.budget, seconds / max(window.updates, 1))
         )
         if progress is not None:
             progress.set_postfix_str(
                 f"step {s.step} | loss {loss:.3f} | {entry['tokens_per_s']:.0f} tok/s"
             )
-        self.log(text, stderr=progress is None)
+        self.log(text)
 
 
-__all__ = ["RunReport", "append_line", "progress_bar"]
+__all__ = ["RunReport", "advance", "append_line", "progress_bar", "time_left"]
