@@ -169,6 +169,7 @@ def test_translate_quantize_int8_from_the_command_line(trained, tmp_path, capsys
     assert cli([*args, "--quantize", "int8"]) == 0
     expected = Translator.load(run, quantize="int8").translate(sources[:5], beam=4)
     assert out.read_text().split("\n")[:-1] == expected
+    assert "translated: 5 lines in" in capsys.readouterr().err  # its summary
     if not torch.cuda.is_available():
         assert cli([*args, "--quantize", "int8", "--device", "cuda"]) == 2
         err = capsys.readouterr().err

@@ -6,6 +6,7 @@ run's ``eval/`` so that analyzing again decodes nothing new."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -119,10 +120,22 @@ def score_run(
     def compute() -> dict[str, Any]:
         translator = Translator.load(run_dir, weights=weights)
         src, refs = split_pairs(run_dir, split)
+        how = "" if branch_weights == "learned" else f", κ, α {branch_weights}"
+        print(
+            f"decoding {run_dir}'s {split} split ({len(src):,} sentences, beam "
+            f"{beam or translator.config.decode.beam}, {weights}{how})",
+            file=sys.stderr,
+            flush=True,
+        )
         start = time.perf_counter()
         with branch_weights_overridden(translator.model, branch_weights, seed=seed):  # type: ignore[arg-type]
             hyps = translator.translate(src, beam=beam)
         seconds = time.perf_counter() - start
+        print(
+            f"  decoded in {seconds:.0f} s ({len(src) / max(seconds, 1e-9):.1f} sentences/s)",
+            file=sys.stderr,
+            flush=True,
+        )
         (run_dir / "eval").mkdir(exist_ok=True)
         (run_dir / "eval" / f"{name}.hyp").write_text(
             "".join(h + "\n" for h in hyps), encoding="utf-8"

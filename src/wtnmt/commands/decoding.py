@@ -134,6 +134,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
     if nbest > beam:
         given = f"--nbest {nbest}" if args.nbest else f"decode.nbest={nbest} (the run's config)"
         raise ConfigError(f"{given} is more than the beam size {beam}: raise --beam")
+    from wtnmt.commands.progress import Progress, count_lines
+
+    progress = Progress("translated", count_lines(args.input), "line")
     try:
         with _output(args.output) as out:
             if args.workers > 1:  # the threads shared among them
@@ -156,8 +159,10 @@ def cmd_translate(args: argparse.Namespace) -> int:
                     )
                     out.write("".join(line + "\n" for line in lines))
                 out.flush()
+                progress.done(len(chunk))
     finally:
         translator.close()
+    progress.close()
     return 0
 
 

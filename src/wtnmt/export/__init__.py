@@ -34,7 +34,8 @@ def export(
         weights=weights,
         quantize=quantize,  # type: ignore[arg-type]
         force=force,
-        say=lambda message: print(message, file=sys.stderr),
+        # the stderr of now: the exporter's own chatter is hidden by redirecting sys.stderr
+        say=lambda message, err=sys.stderr: print(message, file=err, flush=True),
     )
 
 

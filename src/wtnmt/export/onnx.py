@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 import warnings
 from collections.abc import Callable
 from importlib.metadata import version
@@ -111,9 +112,12 @@ def _names(layers: int) -> tuple[list[str], list[str], list[str], list[str]]:
     return ["src"], enc_out, step_in, step_out
 
 
-def export_graphs(model: torch.nn.Module, directory: Path) -> dict[str, int]:
-    """Trace the two graphs of ``model`` into ``directory`` (the exporter's chatter hidden);
-    returns their shapes (layers, heads, head_dim, vocab_size, max_positions, pad_id)."""
+def export_graphs(
+    model: torch.nn.Module, directory: Path, say: Callable[[str], None] = lambda _: None
+) -> dict[str, int]:
+    """Trace the two graphs of ``model`` into ``directory`` (the exporter's chatter hidden;
+    ``say`` says each step and its seconds); returns their shapes (layers, heads, head_dim,
+    vocab_size, max_positions, pad_id)."""
     from torch.export import Dim
 
     shape = _shapes(model)
@@ -126,6 +130,7 @@ def export_graphs(model: torch.nn.Module, directory: Path) -> dict[str, int]:
     src = torch.full((b, s), 5, dtype=torch.long)
     src[1, 5:] = model.pad_id
     encoder, step = EncoderGraph(model).eval(), DecoderStepGraph(model).eval()
+    start = time.perf_counter()
     with torch.no_grad(), plain_math(), _quiet():
         torch.onnx.export(
             encoder,
@@ -138,6 +143,8 @@ def export_graphs(model: torch.nn.Module, directory: Path) -> dict[str, int]:
             external_data=False,
             verbose=False,
         )
+        say(f"  the encoder traced ({time.perf_counter() - start:.0f} s); the decoder step next")
+        start = time.perf_counter()
         cross = encoder(src)
         caches: list[torch.Tensor] = []
         per_layer: list[dict[int, Any]] = []
@@ -165,6 +172,7 @@ def export_graphs(model: torch.nn.Module, directory: Path) -> dict[str, int]:
             external_data=False,
             verbose=False,
         )
+    say(f"  the decoder step traced ({time.perf_counter() - start:.0f} s)")
     return shape
 
 
@@ -284,9 +292,11 @@ def export_onnx(
     )
     work.chmod(0o777 & ~umask())  # as mkdir would make it, not mkdtemp's 0700
     try:
-        export_graphs(model, work)
+        export_graphs(model, work, say or (lambda _: None))
         files = {graph_file(n, "none"): sha256_of(work / graph_file(n, "none")) for n in GRAPHS}
         if quantize == "int8":
+            if say is not None:
+                say("  quantising both graphs to int8")
             files.update(quantize_graphs(work))
         meta = {
             "format": FORMAT,
