@@ -314,3 +314,23 @@ def test_the_default_report_goes_beside_the_runs_not_into_the_working_directory(
     assert main(["analyze", *map(str, runs), "--no-decode"]) == 0
     assert (shared / "analysis" / "summary.md").is_file()
     assert not (tmp_path / "analysis").exists()
+
+
+def test_analyze_tokenize_scores_every_test_bleu_as_asked(runs, tmp_path):
+    from sacrebleu.metrics import BLEU
+
+    from wtnmt.analysis.runs import Run
+    from wtnmt.analysis.scoring import read_hypotheses, scored_with, split_pairs, with_test_score
+
+    assert main(["analyze", *map(str, runs), "--no-decode", "--tokenize", "char",
+                 "--out", str(tmp_path / "r")]) == 0  # fmt: skip
+    assert json.loads((tmp_path / "r" / "analysis.json").read_text())["tokenize"] == "char"
+    run = Run.load(runs[0])
+    plain = with_test_score(run, decode=False).scores["test"]
+    with scored_with("char"):
+        test = with_test_score(run, decode=False).scores["test"]
+    refs = split_pairs(runs[0], "test")[1]
+    expected = BLEU(tokenize="char").corpus_score(read_hypotheses(runs[0], plain), [refs])
+    assert test["bleu"] == round(expected.score, 2) and test["tokenize"] == "char"
+    assert "tok:char" in test["signature"] and plain.get("tokenize", "13a") == "13a"
+    assert main(["analyze", str(runs[0]), "--tokenize", "moses", "--out", str(tmp_path / "x")]) == 2

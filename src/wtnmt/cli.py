@@ -220,6 +220,12 @@ def _add_analyze(commands: argparse._SubParsersAction) -> None:
         help="dev BLEU to count steps to (default: the first run's best dev BLEU)",
     )
     p.add_argument("--smooth", type=int, default=1, help="mean filter of κ/α curves, in points")
+    p.add_argument(
+        "--tokenize",
+        default="13a",
+        metavar="TOK",
+        help="sacreBLEU's tokenization of every test BLEU (as evaluate --tokenize; default 13a)",
+    )
     p.add_argument("--random-seeds", type=int, default=3, help="draws of random κ, α (Table 3)")
     p.add_argument("--sentence", type=int, default=0, help="test sentence of the attention maps")
     p.add_argument(

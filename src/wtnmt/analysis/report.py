@@ -230,7 +230,8 @@ def analyze(
 ) -> dict[str, Any]:
     """The papers' figures and tables of ``run_dirs`` (the first run is the reference) into
     the report directory ``out``; ``decode`` also measures what needs the weights; ``pairs``
-    (``MODEL:BASELINE``) are tested across seeds beside each model against the first's."""
+    (``MODEL:BASELINE``) are tested across seeds beside each model against the first's.
+    Test BLEU is of the tokenization ``scoring.scored_with`` sets (13a unless), recorded."""
     out = Path(out)
     check_report_directory(out)
     from wtnmt.analysis.scoring import with_test_score
@@ -319,10 +320,13 @@ def _measure_with_weights(report: _Report, runs: list[Run], *, sentence: int) ->
 
 
 def _write(report: _Report, runs: list[Run], target: float | None) -> dict[str, Any]:
+    from wtnmt.analysis.scoring import current_tokenize
+
     out, tables, pictures = report.out, report.tables, report.pictures
     result = {
         "runs": [str(r.path) for r in runs],
         "target_bleu": target,
+        "tokenize": current_tokenize(),
         "tables": [t.as_dict() for t in tables],
         "figures": [{"caption": c, "file": p.name} for c, p in pictures],
         "data": report.drawn,

@@ -8,8 +8,13 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
+
+from sacrebleu.metrics import BLEU
 
 from wtnmt.analysis.metrics import mean_sd
 from wtnmt.analysis.runs import Run
@@ -156,7 +161,7 @@ def score_run(
         refs = split_pairs(run_dir, split)[1]
         result = {**result, **moses_bleu(read_hypotheses(run_dir, result), refs, lang)}
         path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    return result
+    return as_asked(run_dir, result)  # type: ignore[return-value]
 
 
 def keep_decoding(
@@ -187,13 +192,51 @@ def keep_decoding(
     return path
 
 
+_TOKENIZE: ContextVar[str] = ContextVar("tokenize", default="13a")
+
+
+@contextmanager
+def scored_with(tokenize: str) -> Iterator[None]:
+    """Within it, every BLEU this module gives is of sacreBLEU's ``tokenize`` (analyze
+    --tokenize): the kept hypotheses scored again where they were scored otherwise."""
+    token = _TOKENIZE.set(tokenize)
+    try:
+        yield
+    finally:
+        _TOKENIZE.reset(token)
+
+
+def current_tokenize() -> str:
+    return _TOKENIZE.get()
+
+
+def as_asked(run_dir: Path, scores: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``scores`` with BLEU of the tokenization asked for (``scored_with``), from the
+    hypotheses they keep and the run's own references."""
+    tokenize = _TOKENIZE.get()
+    if scores is None or scores.get("tokenize", "13a") == tokenize or "hypotheses" not in scores:
+        return scores
+    hyps = read_hypotheses(run_dir, scores)
+    refs = split_pairs(run_dir, scores.get("split", "test"))[1]
+    bleu = BLEU(tokenize=tokenize)
+    score = bleu.corpus_score(hyps, [refs])
+    return {
+        **scores,
+        "bleu": round(score.score, 2),
+        "signature": str(bleu.get_signature()),
+        "tokenize": tokenize,
+    }
+
+
 def kept_or_decoded(run_dir: Path, decode: bool, **how: Any) -> dict[str, Any] | None:
     """The score ``how`` asks for (``score_run``'s arguments): decoded (or read back) where
     ``decode`` and the weights are here, else the one kept in ``eval/``, else None."""
     if decode and (run_dir / how.get("weights", "model.safetensors")).is_file():
         return score_run(run_dir, **how)
     kept = kept_score(run_dir, **how)
-    return json.loads(kept.read_text(encoding="utf-8")) if kept.is_file() else None
+    return (
+        as_asked(run_dir, json.loads(kept.read_text(encoding="utf-8"))) if kept.is_file() else None
+    )
 
 
 def with_test_score(run: Run, decode: bool) -> Run:
@@ -204,7 +247,8 @@ def with_test_score(run: Run, decode: bool) -> Run:
     import dataclasses
 
     if (run.scores or {}).get("test") is not None:
-        return run
+        test = as_asked(run.path, run.scores["test"])  # type: ignore[index]
+        return dataclasses.replace(run, scores={**run.scores, "test": test})  # type: ignore[dict-item]
     found = kept_or_decoded(run.path, decode, split="test", weights="model.safetensors")
     if found is None:
         return run
@@ -257,8 +301,10 @@ def bootstrap(
 
 
 __all__ = [
+    "as_asked",
     "bootstrap",
     "branch_weight_ablation",
+    "current_tokenize",
     "has_score",
     "keep_decoding",
     "kept_or_decoded",
@@ -266,6 +312,7 @@ __all__ = [
     "read_hypotheses",
     "score_name",
     "score_run",
+    "scored_with",
     "split_pairs",
     "with_test_score",
 ]

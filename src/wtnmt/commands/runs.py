@@ -148,24 +148,31 @@ def _beside(runs: list[str]) -> Path:
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     from wtnmt.analysis.report import analyze
+    from wtnmt.analysis.scoring import scored_with
+    from wtnmt.decode.evaluate import TokenizerError, check_tokenizer
 
+    try:
+        check_tokenizer(args.tokenize)
+    except TokenizerError as e:
+        raise ConfigError(str(e)) from None
     _positive("--smooth", args.smooth)
     _positive("--random-seeds", args.random_seeds)
     _positive("--sentence", args.sentence, least=0)
     for run in args.runs:
         if not (Path(run) / "metrics.jsonl").is_file() or not (Path(run) / "config.yaml").is_file():
             raise ConfigError(f"{run}: not a run directory (no metrics.jsonl and config.yaml)")
-    analyze(
-        args.runs,
-        args.out or _beside(args.runs),
-        target_bleu=args.target_bleu,
-        window=args.smooth,
-        random_seeds=args.random_seeds,
-        sentence=args.sentence,
-        decode=not args.no_decode,
-        pairs=args.pair,
-        say=lambda m: print(m, file=sys.stderr),
-    )
+    with scored_with(args.tokenize):  # every test BLEU of the report
+        analyze(
+            args.runs,
+            args.out or _beside(args.runs),
+            target_bleu=args.target_bleu,
+            window=args.smooth,
+            random_seeds=args.random_seeds,
+            sentence=args.sentence,
+            decode=not args.no_decode,
+            pairs=args.pair,
+            say=lambda m: print(m, file=sys.stderr),
+        )
     return 0
 
 
