@@ -188,3 +188,16 @@ def test_the_readme_averages_no_more_checkpoints_than_the_demo_keeps():
         if c.startswith("wtnmt average runs/demo") and "--last" in c
     ]
     assert asked and all(n <= kept for n in asked), (asked, kept)
+
+
+def test_experiments_readme_indexes_every_grid():
+    """Each grid file has its row in experiments/README.md (which question, current or
+    superseded), and every grid or folder the index names exists."""
+    index = (ROOT / "experiments" / "README.md").read_text(encoding="utf-8")
+    grids = {p.stem for p in (ROOT / "experiments").glob("*.yaml")}
+    rows = set(re.findall(r"^\| `([^`]+)` \|", index, flags=re.MULTILINE))
+    assert grids <= rows, f"not in experiments/README.md: {sorted(grids - rows)}"
+    named = rows | set(re.findall(r"`([a-z0-9.-]+)/`", index))
+    missing = [n for n in named if not (ROOT / "experiments" / f"{n}.yaml").is_file()
+               and not (ROOT / "experiments" / n).is_dir()]  # fmt: skip
+    assert not missing, missing
