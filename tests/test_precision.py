@@ -1,6 +1,7 @@
-"""train.precision: auto picks bf16 where the CPU multiplies bf16 in hardware, float32
-elsewhere; bf16 asked of a CPU that emulates it trains as asked, with a warning from the
-trainer and from the experiment runner."""
+"""train.precision: auto trains in float32 where the CPU has no bf16 instructions, and where it
+has them in whichever of float32 and bf16 a measurement of the run's own first batches finds
+faster, saying what it measured; bf16 asked of a CPU that emulates it trains as asked, with a
+warning from the trainer and from the experiment runner."""
 
 from __future__ import annotations
 
@@ -27,12 +28,51 @@ def test_precision_auto_is_bf16_where_the_hardware_has_it_and_the_log_says_which
         assert runtime.resolve_precision("fp32", cpu) == "fp32"  # a stated precision stands
         assert runtime.resolve_precision("bf16", cpu) == "bf16"
     monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: True)
-    config = tiny_run_config(tmp_path, train={"precision": "auto", "max_steps": 2})
-    trainer = Trainer(config, tmp_path / "run", **QUIET)
-    assert trainer.precision == "bf16"
-    trainer.run()
-    log = (tmp_path / "run" / "train.log").read_text()
-    assert "in bf16 autocast (train.precision=auto)" in log
+    from wtnmt.train import precision_probe
+
+    for times, chosen, label in (
+        ({"fp32": 0.4, "bf16": 0.2}, "bf16", "bf16 autocast"),
+        ({"fp32": 0.2, "bf16": 0.4}, "fp32", "float32"),  # native, and still the slower
+    ):
+        monkeypatch.setattr(precision_probe, "time_precisions", lambda *a, t=times, **k: t)
+        run = tmp_path / f"run-{chosen}"
+        config = tiny_run_config(tmp_path, train={"precision": "auto", "max_steps": 2})
+        trainer = Trainer(config, run, **QUIET)
+        assert trainer.precision == chosen
+        trainer.run()
+        log = (run / "train.log").read_text()
+        assert "float32 0.40 s" in log or "float32 0.20 s" in log
+        assert f"training in {label}" in log and f"in {label} (train.precision=auto)" in log
+
+
+def test_the_measurement_leaves_weights_and_random_stream_as_they_were(tmp_path, monkeypatch):
+    """The real measurement (bf16 emulated here when the CPU lacks it): it picks the faster
+    of what it measured, and the run trains as one that never measured."""
+    from wtnmt import runtime
+
+    config = tiny_run_config(tmp_path, train={"precision": "fp32", "max_steps": 3})
+    plain = Trainer(config, tmp_path / "plain", **QUIET)
+    stream = torch.get_rng_state()
+    monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: True)
+    auto = tiny_run_config(tmp_path, train={"precision": "auto", "max_steps": 3})
+    measured = Trainer(auto, tmp_path / "auto", **QUIET)
+    assert torch.equal(torch.get_rng_state(), stream)  # dropout draws as if never measured
+    said = (tmp_path / "auto" / "train.log").read_text()
+    assert "a forward and backward pass of this run's first batches took float32 " in said
+    times = {k: float(said.split(f"{k} ")[1].split(" s")[0]) for k in ("float32", "bf16 autocast")}
+    best = min(times, key=times.__getitem__)
+    assert f"training in {best}" in said
+    weights = zip(
+        plain.model.state_dict().items(), measured.model.state_dict().values(), strict=True
+    )
+    for (name, a), b in weights:
+        assert torch.equal(a, b), name
+    assert all(p.grad is None for p in measured.model.parameters())
+    if measured.precision == "fp32":  # then the two runs are the same run, to the bit
+        plain.run()
+        measured.run()
+        for a, b in zip(plain.model.parameters(), measured.model.parameters(), strict=True):
+            assert torch.equal(a, b)
 
 
 def test_bf16_asked_of_a_cpu_that_emulates_it_is_warned_of(tmp_path, monkeypatch):

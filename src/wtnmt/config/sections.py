@@ -169,8 +169,9 @@ class TrainConfig:
     adam_eps: float = 1e-9  # Adam's ε
     label_smoothing: float = 0.1  # ε_ls of the cross-entropy
     clip_norm: float | None = None  # clip the gradient's norm to this (null: no clipping)
-    # auto: bf16 autocast where the hardware computes in bf16 natively (CPUs with AVX512-BF16,
-    # AMX or Arm BF16; GPUs that support it), float32 elsewhere
+    # auto: float32 where the hardware has no bf16; on a CPU with native bf16 (AVX512-BF16, AMX,
+    # Arm BF16) whichever of the two a measurement of the run's first batches finds faster
+    # (the log says what it measured); bf16 autocast on a GPU that supports it
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     max_steps: int | None = 100_000  # updates to train at most
     max_epochs: int | None = None  # epochs to train at most

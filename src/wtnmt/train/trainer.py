@@ -125,6 +125,13 @@ class Trainer(TrainingLoop):
         torch.manual_seed(self.tc.seed + self.rank)  # dropout differs across ranks
         if resume:
             self._resume()
+        elif (
+            self.tc.precision == "auto"
+            and self.precision == "bf16"
+            and self.device.type == "cpu"
+            and self.world == 1
+        ):
+            self._measure_precision()  # native bf16 is not always the faster here
 
     # ---------------------------------------------------------------------------------------
     # Run directory, logging, checkpoints
@@ -219,6 +226,13 @@ class Trainer(TrainingLoop):
 
     # ---------------------------------------------------------------------------------------
     # One update
+
+    def _measure_precision(self) -> None:
+        from wtnmt.train.precision_probe import faster, time_precisions
+
+        batches = [self.train_data.collate(b) for b in self._epoch_batches(0)[:2]]
+        self.precision, said = faster(time_precisions(self.model, batches, self.device))
+        self.log(said)
 
     def _precision_label(self) -> str:
         label = {"fp32": "float32", "bf16": "bf16 autocast", "fp16": "fp16 autocast"}
