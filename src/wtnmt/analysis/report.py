@@ -236,9 +236,10 @@ def analyze(
     check_report_directory(out)
     from wtnmt.analysis.scoring import with_test_score
 
-    runs = [with_test_score(r, decode) for r in with_unique_names([Run.load(p) for p in run_dirs])]
+    runs = with_unique_names([Run.load(p) for p in run_dirs])
     models = list(dict.fromkeys(r.group for r in runs))
-    tested = model_pairs(list(pairs), models, "--pair")
+    tested = model_pairs(list(pairs), models, "--pair")  # checked before anything decodes
+    runs = [with_test_score(r, decode) for r in runs]
     out.mkdir(parents=True, exist_ok=True)
     (out / REPORT_MARK).write_text("written by wtnmt analyze\n", encoding="utf-8")
     report = _Report(out, say)
