@@ -103,7 +103,7 @@ def test_time_boxed_calls_pause_resume_finish_and_pack(tmp_path, capsys, monkeyp
     for name in ("finished.json", "scores.json"):
         assert packed[os.path.relpath(run / name)] == (run / name).read_bytes()
     assert main(["experiment", str(path), "--stop-after", "0"]) == 2
-    assert "--stop-after 0: must be more than 0 seconds" in capsys.readouterr().err
+    assert "--stop-after 0: must be a number of seconds above 0" in capsys.readouterr().err
 
 
 def test_a_run_scoring_when_the_time_is_up_is_left_to_finish(tmp_path):
