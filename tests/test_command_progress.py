@@ -14,7 +14,7 @@ def test_progress_lines_say_how_far_and_the_summary_how_much(capsys):
     progress.close()
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].startswith("translated: 4 lines, ") and "(40% of 10; " in lines[0]
-    assert lines[1].startswith("translated: 10 lines, ") and "0:00:00 left" in lines[1]
+    assert lines[1].startswith("translated: 10 lines, ") and "; 00:00 left)" in lines[1]
     assert lines[2].startswith("translated: 10 lines in ")
 
 

@@ -165,7 +165,7 @@ def test_a_pack_that_fails_midway_leaves_the_earlier_pack_whole(tmp_path, monkey
     for spec in grid.runs:  # the runs went on: their curves grew
         with (spec.run_dir / "metrics.jsonl").open("a") as f:
             f.write('{"step": 7}\n')
-    written = pack._write_whole
+    written = pack.atomic_write
 
     def full_disk(path: Path, data: bytes) -> None:
         if path.name.startswith(".results-02"):
@@ -173,11 +173,11 @@ def test_a_pack_that_fails_midway_leaves_the_earlier_pack_whole(tmp_path, monkey
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         written(path, data)
 
-    monkeypatch.setattr(pack, "_write_whole", full_disk)
+    monkeypatch.setattr(pack, "atomic_write", full_disk)
     with pytest.raises(OSError, match="No space left"):
         pack_results(grid, Path("out"), max_bytes=60_000, max_files=8)
     assert {a.name: a.read_bytes() for a in Path("out").iterdir()} == earlier
-    monkeypatch.setattr(pack, "_write_whole", written)
+    monkeypatch.setattr(pack, "atomic_write", written)
     again = pack_results(grid, Path("out"), max_bytes=60_000, max_files=8)  # room again
     assert sorted(a.name for a in Path("out").iterdir()) == [a.name for a in again]
     assert len(again) == 3

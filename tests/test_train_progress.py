@@ -94,4 +94,4 @@ def test_without_a_terminal_each_log_line_says_how_far_and_the_time_left(tmp_pat
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stderr.splitlines() if "] step " in line]
     assert [line.split(" | ")[-2] for line in lines] == ["25%", "50%", "75%", "100%"]
-    assert lines[-1].endswith("0:00:00 left")
+    assert lines[-1].endswith("| 00:00 left")

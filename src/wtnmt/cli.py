@@ -22,6 +22,7 @@ from wtnmt.commands import (
     cmd_experiment,
     cmd_export,
     cmd_prepare,
+    cmd_presets,
     cmd_serve,
     cmd_train,
     cmd_unpack,
@@ -316,21 +317,11 @@ def _add_unpack(commands: argparse._SubParsersAction) -> None:
 def _add_presets(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "presets",
-        help="list the configs shipped with wtnmt (train PRESET, --config PRESET)",
-        description="The presets: names that train, experiment grids and --config take in "
+        help="list the configs shipped with wtnmt (train PRESET, prepare PRESET)",
+        description="The presets: names that train, prepare and experiment grids take in "
         "place of a config file, each with the first line of its description.",
     )
     p.set_defaults(func=cmd_presets)
-
-
-def cmd_presets(args: argparse.Namespace) -> int:
-    from wtnmt.config.loading import PRESET_DIR
-
-    for path in sorted(PRESET_DIR.glob("*.yaml")):
-        first = path.read_text(encoding="utf-8").splitlines()[:1]
-        about = first[0].lstrip("# ").strip() if first and first[0].startswith("#") else ""
-        print(f"{path.stem:<20} {about}")
-    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:

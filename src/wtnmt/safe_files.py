@@ -8,19 +8,48 @@ The lowest layer of the package: it imports nothing of wtnmt.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
 
-def umask_mode() -> int:
-    """The mode ``open(path, "w")`` would give a new file: 0666 less the umask."""
+def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
-    return 0o666 & ~mask
+    return mask
+
+
+def umask_mode() -> int:
+    """The mode ``open(path, "w")`` would give a new file: 0666 less the umask."""
+    return 0o666 & ~current_umask()
+
+
+def process_gone(pid: int) -> bool:
+    """Whether no process ``pid`` runs (this process counts as gone: its own leftovers are
+    its to handle); one of another user's counts as running."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, under another user
+        return False
+    return False
+
+
+def remove_orphans(paths: Iterable[Path], pid_of: Callable[[Path], str]) -> None:
+    """The work directories among ``paths`` (named by the process that made them, as
+    ``pid_of`` reads it) whose process is gone, a killed one: ours by their name, and of no
+    use to anyone. This process's own are left to it."""
+    for path in paths:
+        pid = pid_of(path)
+        if pid.isdigit() and path.is_dir() and int(pid) != os.getpid() and process_gone(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @contextmanager
@@ -89,4 +118,13 @@ def output_file(path: str | Path, *, encoding: str = "utf-8") -> Iterator[IO[str
         raise OSError(e.errno, e.strerror, str(path)) from None  # a write: name the file
 
 
-__all__ = ["atomic_write", "file_in_the_way", "is_same_file", "output_file", "umask_mode"]
+__all__ = [
+    "atomic_write",
+    "current_umask",
+    "file_in_the_way",
+    "is_same_file",
+    "output_file",
+    "process_gone",
+    "remove_orphans",
+    "umask_mode",
+]

@@ -5,6 +5,7 @@ run's ``eval/`` so that analyzing again decodes nothing new."""
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -217,7 +218,7 @@ def as_asked(run_dir: Path, scores: dict[str, Any] | None) -> dict[str, Any] | N
     if scores is None or scores.get("tokenize", "13a") == tokenize or "hypotheses" not in scores:
         return scores
     hyps = read_hypotheses(run_dir, scores)
-    refs = split_pairs(run_dir, scores.get("split", "test"))[1]
+    refs = _references(run_dir.resolve(), scores.get("split", "test"))
     bleu = BLEU(tokenize=tokenize)
     score = bleu.corpus_score(hyps, [refs])
     return {
@@ -226,6 +227,13 @@ def as_asked(run_dir: Path, scores: dict[str, Any] | None) -> dict[str, Any] | N
         "signature": str(bleu.get_signature()),
         "tokenize": tokenize,
     }
+
+
+@functools.lru_cache(maxsize=32)
+def _references(run_dir: Path, split: str) -> list[str]:
+    """A run's references of ``split``, read once (every score of the run rescored with
+    another tokenization needs them; reading them means reading its corpus)."""
+    return split_pairs(run_dir, split)[1]
 
 
 def kept_or_decoded(run_dir: Path, decode: bool, **how: Any) -> dict[str, Any] | None:

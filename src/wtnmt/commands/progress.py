@@ -47,10 +47,12 @@ class Progress:
             rate = self.count / max(now - self.start, 1e-9)
             line = f"{self.what}: {self.count:,} {self.unit}s, {rate:.1f} {self.unit}s/s"
             if self.total:
+                from tqdm import tqdm
+
                 left = max(0, round((self.total - self.count) / max(rate, 1e-9)))
                 line += (
                     f" ({self.count / self.total:.0%} of {self.total:,}; "
-                    f"{left // 3600}:{left // 60 % 60:02d}:{left % 60:02d} left)"
+                    f"{tqdm.format_interval(left)} left)"
                 )
             print(line, file=sys.stderr, flush=True)
 

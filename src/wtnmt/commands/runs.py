@@ -149,12 +149,9 @@ def _beside(runs: list[str]) -> Path:
 def cmd_analyze(args: argparse.Namespace) -> int:
     from wtnmt.analysis.report import analyze
     from wtnmt.analysis.scoring import scored_with
-    from wtnmt.decode.evaluate import TokenizerError, check_tokenizer
+    from wtnmt.decode.evaluate import check_tokenizer
 
-    try:
-        check_tokenizer(args.tokenize)
-    except TokenizerError as e:
-        raise ConfigError(str(e)) from None
+    check_tokenizer(args.tokenize)
     _positive("--smooth", args.smooth)
     _positive("--random-seeds", args.random_seeds)
     _positive("--sentence", args.sentence, least=0)
@@ -180,6 +177,16 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     from wtnmt.experiment.command import cmd_experiment as run
 
     return run(args)
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    from wtnmt.config.loading import PRESET_DIR
+
+    for path in sorted(PRESET_DIR.glob("*.yaml")):
+        first = path.read_text(encoding="utf-8").splitlines()[:1]
+        about = first[0].lstrip("# ").strip() if first and first[0].startswith("#") else ""
+        print(f"{path.stem:<20} {about}")
+    return 0
 
 
 def cmd_unpack(args: argparse.Namespace) -> int:

@@ -136,19 +136,19 @@ class _Loader(yaml.SafeLoader):
 
     def construct_mapping(self, node, deep=False):  # type: ignore[no-untyped-def]
         if isinstance(node, yaml.MappingNode):
-            seen: dict[Any, int] = {}
+            seen: dict[str, int] = {}
             for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=True)
-                line = key_node.start_mark.line + 1
-                if isinstance(key, (str, int, float, bool)) and key in seen:
+                if not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key, line = key_node.value, key_node.start_mark.line + 1
+                if key in seen:
                     raise yaml.constructor.ConstructorError(
                         None,
                         None,
                         f"key {key!r} given twice (lines {seen[key]} and {line})",
                         key_node.start_mark,
                     )
-                if isinstance(key, (str, int, float, bool)):
-                    seen[key] = line
+                seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
 
@@ -223,20 +223,11 @@ def load_config(source: str | Path, overrides: list[str] | tuple[str, ...] = ())
     if not isinstance(values, dict):
         raise ConfigError(f"{path}: a config must be a mapping of sections")
     given = {t.split("=", 1)[0].strip() for t in overrides}
-    if "data" not in values and given & {"data.train_src", "data.train_tsv"}:
-        values["data"] = {}
-    data = values.get("data")
-    if (
-        isinstance(data, dict)
-        and "corpus" not in data
-        and "data.corpus" not in given
-        and (
-            data.get("train_src")
-            or data.get("train_tsv")
-            or given & {"data.train_src", "data.train_tsv"}
-        )
-    ):  # one's own files, and no corpus named: not the default corpus beside them
-        data["corpus"] = None
+    data = values.get("data") or {}
+    if isinstance(data, dict) and "corpus" not in data and "data.corpus" not in given:
+        own = data.get("train_src") or data.get("train_tsv")
+        if own or given & {"data.train_src", "data.train_tsv"}:  # one's own files: not the
+            values["data"] = {**data, "corpus": None}  # default corpus beside them
     for text in overrides:
         keys, value = parse_override(text)
         node = values

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 from wtnmt.data.io import DataError
+from wtnmt.safe_files import atomic_write, process_gone, remove_orphans
 
 SPLITS = ("train", "valid", "test")
 
@@ -108,8 +109,6 @@ def move_into_place(built: Path, out: Path) -> None:
     if not out.exists():
         os.replace(built, out)
         return
-    from wtnmt.safe_files import atomic_write
-
     new = sorted(f.name for f in built.iterdir())
     old = sorted(set(listed_files(out)) - {MOVING})
     record = {"build": built.name, "files": new, "old": old}
@@ -139,7 +138,7 @@ def finish_interrupted_move(out: Path, log) -> None:  # type: ignore[no-untyped-
         return
     built = out.parent / record["build"]
     pid = built.name.rpartition("-")[2]
-    if pid.isdigit() and _alive(int(pid)):
+    if pid.isdigit() and not process_gone(int(pid)):
         raise DataError(f"{out}: another prepare (process {pid}) is moving its build in")
     new, old = _names(record.get("files")), _names(record.get("old"))
     whole = (
@@ -153,28 +152,16 @@ def finish_interrupted_move(out: Path, log) -> None:  # type: ignore[no-untyped-
         log(f"{out}: finished moving in the build an interrupted prepare left")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # alive, under another user
-        return True
-    return pid != os.getpid()
-
-
 def remove_stale_builds(out: Path) -> None:
     """Builds of ``out`` left by a prepare that was killed (``.NAME.tmp-PID`` of a process
     that is gone): ours, by their name, and of no use to anyone."""
-    for path in [
-        *out.parent.glob(f".{out.name}.tmp-*"),
-        *out.parent.glob(f".{out.name}.spool.tmp-*"),  # inputs read from a pipe
-    ]:
-        pid = path.name.rpartition("-")[2]
-        if not (pid.isdigit() and path.is_dir()) or int(pid) == os.getpid():
-            continue
-        if not _alive(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
+    remove_orphans(
+        [
+            *out.parent.glob(f".{out.name}.tmp-*"),
+            *out.parent.glob(f".{out.name}.spool.tmp-*"),  # inputs read from a pipe
+        ],
+        lambda path: path.name.rpartition("-")[2],
+    )
 
 
 __all__ = [

@@ -11,6 +11,7 @@ from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
 
+from wtnmt.config import ConfigError
 from wtnmt.safe_files import atomic_write
 
 # sacreBLEU's tokenizations of BLEU (its --tokenize): 13a, its default, for languages written
@@ -19,20 +20,16 @@ from wtnmt.safe_files import atomic_write
 TOKENIZERS = ("13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "flores101", "flores200")
 
 
-class TokenizerError(ValueError):
-    """A tokenization sacreBLEU cannot run here; the message says what to install."""
-
-
 def check_tokenizer(tokenize: str) -> None:
     """Refuse, before any decoding, a tokenization that is not one of TOKENIZERS or whose
-    packages are missing (TokenizerError naming what to install)."""
+    packages are missing (a ConfigError naming what to install)."""
     if tokenize not in TOKENIZERS:
-        raise TokenizerError(f"--tokenize {tokenize}: one of {', '.join(TOKENIZERS)}")
+        raise ConfigError(f"--tokenize {tokenize}: one of {', '.join(TOKENIZERS)}")
     try:
         BLEU(tokenize=tokenize).corpus_score(["a"], [["a"]])
     except (RuntimeError, ImportError, OSError) as e:  # sacreBLEU: missing extras
         install = next((ln.strip() for ln in str(e).splitlines() if "pip install" in ln), "")
-        raise TokenizerError(
+        raise ConfigError(
             f"--tokenize {tokenize}: sacreBLEU cannot tokenize so here"
             + (f" ({install})" if install else f" ({str(e).strip().splitlines()[0]})")
         ) from None

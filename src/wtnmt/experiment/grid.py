@@ -89,7 +89,7 @@ class Grid:
 
     def configs(self) -> dict[str, dict[str, Any]]:
         """Every run's full config as plain values (checked once, before anything trains)."""
-        return {spec.name: config_to_dict(spec.config()) for spec in self.runs}
+        return {spec.name: spec.config_dict() for spec in self.runs}
 
 
 def _fail(path: Path, key: str, what: str) -> ConfigError:

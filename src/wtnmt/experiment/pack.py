@@ -320,7 +320,7 @@ def pack_results(grid: Grid, out: Path, *, max_bytes: int, max_files: int) -> li
             final = out / f"results-{i:02d}.tar.gz"
             partial = out / f".{final.name}.partial"
             staged.append((partial, final))
-            _write_whole(partial, data)
+            atomic_write(partial, data)  # fsynced; a full disk raises here
     except BaseException:
         for partial, _ in staged:
             partial.unlink(missing_ok=True)
@@ -331,29 +331,7 @@ def pack_results(grid: Grid, out: Path, *, max_bytes: int, max_files: int) -> li
     for old in out.iterdir():
         if _ARCHIVE.fullmatch(old.name) and old not in written:
             old.unlink()
-    _sync_directory(out)
     return [final for _, final in staged]
-
-
-def _write_whole(path: Path, data: bytes) -> None:
-    """``data`` into ``path``, fsynced (an error, a full disk, raises: the caller cleans up)."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _sync_directory(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - a file system without directory handles
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
 
 
 __all__ = [

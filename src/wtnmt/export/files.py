@@ -3,11 +3,10 @@ what counts as ours, and work directories left by a killed export."""
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 from wtnmt.errors import CheckpointError
+from wtnmt.safe_files import remove_orphans
 
 META = "export.json"
 GRAPHS = ("encoder", "decoder_step")
@@ -21,25 +20,13 @@ def graph_file(name: str, quantize: str) -> str:
     return f"{name}.onnx" if quantize == "none" else f"{name}.{quantize}.onnx"
 
 
-def umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def remove_stale_exports(target: Path) -> None:
     """The work directories of exports to ``target`` that were killed (``.NAME.PID.*.tmp`` of
-    a process that is gone): ours, by their name, and of no use."""
-    for path in target.parent.glob(f".{target.name}.*.tmp"):
-        pid = path.name[len(target.name) + 2 :].split(".", 1)[0]
-        if not (pid.isdigit() and path.is_dir()) or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
-        except OSError:  # alive, under another user
-            continue
+    a process that is gone)."""
+    remove_orphans(
+        target.parent.glob(f".{target.name}.*.tmp"),
+        lambda path: path.name[len(target.name) + 2 :].split(".", 1)[0],
+    )
 
 
 def ours() -> set[str]:
@@ -85,5 +72,4 @@ __all__ = [
     "lost_metadata",
     "ours",
     "remove_stale_exports",
-    "umask",
 ]

@@ -40,13 +40,12 @@ from wtnmt.export.files import (
     check_target,
     graph_file,
     remove_stale_exports,
-    umask,
 )
 from wtnmt.export.graphs import DecoderStepGraph, EncoderGraph
 from wtnmt.model.speed import plain_math
 from wtnmt.rundir import load_run
 from wtnmt.runtime import cpu_has_vnni
-from wtnmt.safe_files import atomic_write
+from wtnmt.safe_files import atomic_write, current_umask
 
 FORMAT = 1  # of export.json; a reader refuses another
 OPSET = 18
@@ -290,7 +289,7 @@ def export_onnx(
     work = Path(
         tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp")
     )
-    work.chmod(0o777 & ~umask())  # as mkdir would make it, not mkdtemp's 0700
+    work.chmod(0o777 & ~current_umask())  # as mkdir would make it, not mkdtemp's 0700
     try:
         export_graphs(model, work, say or (lambda _: None))
         files = {graph_file(n, "none"): sha256_of(work / graph_file(n, "none")) for n in GRAPHS}

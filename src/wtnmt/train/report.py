@@ -105,9 +105,9 @@ def time_left(state: TrainState, budget: tuple[int | None, float | None], per_st
     if not ends:
         return ""
     seconds, done = min(ends)
-    seconds = max(0, round(seconds))
-    clock = f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-    return f" | {min(done, 1.0):.0%} | {clock} left"
+    from tqdm import tqdm
+
+    return f" | {min(done, 1.0):.0%} | {tqdm.format_interval(max(0, round(seconds)))} left"
 
 
 def recorded_validations(run_dir: Path, up_to: int) -> list[tuple[float, float | None]]:
