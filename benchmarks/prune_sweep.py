@@ -69,7 +69,7 @@ def decode(
             times.append(time.perf_counter() - start)
         seconds = statistics.median(times)
         scores = score_corpus(hyps, refs)
-        tokens = sum(len(ids) + 1 for ids in translator.vocab.encode(hyps))  # EOS counted
+        tokens = sum(len(ids) + 1 for ids in translator.vocab.target.encode(hyps))  # EOS counted
         row[name] = {
             "bleu": scores["bleu"],
             "chrf": scores["chrf"],
@@ -118,7 +118,7 @@ def speed_inputs(translator: Translator, sources: list[str]) -> list[torch.Tenso
     """The sources as the Translator encodes them, sorted by length, 32 a batch."""
     from wtnmt.special import EOS, PAD
 
-    ids = sorted(([*row, EOS] for row in translator.vocab.encode(sources)), key=len)
+    ids = sorted(([*row, EOS] for row in translator.vocab.source.encode(sources)), key=len)
     batches = []
     for start in range(0, len(ids), 32):
         rows = ids[start : start + 32]

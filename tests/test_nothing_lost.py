@@ -260,7 +260,7 @@ def test_validation_during_training_equals_a_fresh_models(tmp_path, kind):
     trainer.run()
     assert len(logged) == 3
     last = logged[-1]
-    fresh = build_model(config.model, vocab_size=len(trainer.vocab))
+    fresh = build_model(config.model, vocab_size=len(trainer.vocab.target))
     fresh.load_state_dict(trainer.model.state_dict())
     trainer.model = fresh  # the same validation, through a model that has cached nothing
     again = during()

@@ -51,14 +51,18 @@ KINDS = {
     # `wtnmt prune`'s output: sublayers of 1 to 3 of the 4 branches (cross-attention caches
     # of as many heads)
     "weighted-pruned": {"kept_branches": {"encoder": [[0, 2], [3]], "decoder": [[1], [0, 1, 3]]}},
+    # data.joint_vocab: false: a source vocabulary and embedding of its own
+    "weighted-separate-vocabularies": {"data": {"joint_vocab": False}},
 }
 SOURCES = [sentence(i, 2 + i % 5) for i in range(24)]
 
 
 def _train(tmp: Path, model: dict, steps: int) -> Path:
+    model = dict(model)
     config = tiny_run_config(
         tmp,
         n_train=200,
+        data=model.pop("data", {}),
         model={"d_model": 32, "d_ff": 64, "heads": 4, **model},
         train={"max_steps": steps, "valid_every": 1000, "max_tokens": 600, "lr_scale": 2.0},
     )
@@ -94,12 +98,12 @@ def exported(request, tmp_path_factory) -> tuple[Path, Translator, OnnxNetwork]:
 def _steps_agree(translator: Translator, net: OnnxNetwork, tolerance: float) -> float:
     """The PyTorch and the ONNX steps through beam search's reorders (stepping.walk) on three
     sentences, one with source padding; the largest difference of their log-probabilities."""
-    src = translator._tensor([translator.vocab.encode([s])[0] for s in SOURCES[:3]])
+    src = translator._tensor([translator.vocab.source.encode([s])[0] for s in SOURCES[:3]])
     assert src.eq(0).any()  # source padding
     with torch.inference_mode():
         ref = _Stepper(translator.model, src, True, steps=40, group=2)
         onnx = OnnxStepper(net, src, steps=40, group=2)
-    return walk(ref, onnx, len(translator.vocab), tolerance)
+    return walk(ref, onnx, len(translator.vocab.target), tolerance)
 
 
 def test_the_onnx_step_equals_the_pytorch_step_through_reorders_and_finished_sentences(exported):
@@ -276,15 +280,16 @@ def test_a_server_on_onnx_runtime_answers_as_the_pytorch_server(learned):
         assert [c["score"] for c in mine] == pytest.approx([c["score"] for c in theirs], abs=1e-4)
 
 
-def test_a_transformer_exported_to_ctranslate2_translates_as_wtnmt(tmp_path):
+@pytest.mark.parametrize("joint", [True, False], ids=["joint-vocab", "separate-vocabularies"])
+def test_a_transformer_exported_to_ctranslate2_translates_as_wtnmt(tmp_path, joint):
     ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed")
-    run = _train(tmp_path, {"attention": "multihead"}, steps=60)
+    run = _train(tmp_path, {"attention": "multihead", "data": {"joint_vocab": joint}}, steps=60)
     out = tmp_path / "ct2"
     assert cli(["export", "ctranslate2", str(run), "--out", str(out)]) == 0
     translator = Translator.load(run)
     ids = translator.encode(SOURCES)
     ours = translator.translate_ids(ids, beam=1)
-    pieces = [[translator.vocab.sp.id_to_piece(i) for i in seq] + ["</s>"] for seq in ids]
+    pieces = [[translator.vocab.source.sp.id_to_piece(i) for i in seq] + ["</s>"] for seq in ids]
     theirs = ctranslate2.Translator(str(out), device="cpu").translate_batch(
         pieces,
         beam_size=1,
@@ -292,7 +297,7 @@ def test_a_transformer_exported_to_ctranslate2_translates_as_wtnmt(tmp_path):
         suppress_sequences=[["<pad>"], ["<s>"]],
     )
     for seq, mine, other in zip(ids, ours, theirs, strict=True):
-        want = [translator.vocab.sp.id_to_piece(i) for i in mine[0].ids]
+        want = [translator.vocab.target.sp.id_to_piece(i) for i in mine[0].ids]
         got = [t for t in other.hypotheses[0] if t != "</s>"]
         limit = int(1.5 * (len(seq) + 1) + 10)  # where wtnmt's search forces EOS
         assert got[: len(want)] == want and (len(got) == len(want) or len(want) == limit)

@@ -111,8 +111,8 @@ def test_int8_is_off_by_default_and_its_steps_are_the_simulation(trained):
     quantized = Translator.load(run, quantize="int8")
     layers = _int8_layers(quantized)
     assert layers and all(layers) and quantized.quantize == "int8"
-    src = quantized._tensor([quantized.vocab.encode([s])[0] for s in sources[:3]])
-    size = len(quantized.vocab)
+    src = quantized._tensor([quantized.vocab.source.encode([s])[0] for s in sources[:3]])
+    size = len(quantized.vocab.target)
 
     def kernel(model: torch.nn.Module = quantized.model) -> _Stepper:
         with torch.inference_mode():  # as decoding runs: no gradients, so int8
@@ -130,7 +130,7 @@ def _margins(translator: Translator, source: str, ids: list[int]) -> float:
     """The least lead of the best next token over the second along ``ids`` and at its end
     (where EOS was chosen; a translation cut at the length limit chose none there), as the
     simulation computes it."""
-    src = translator._tensor(translator.vocab.encode([source]))
+    src = translator._tensor(translator.vocab.source.encode([source]))
     prefix = torch.tensor([[BOS, *ids]])
     with _simulation()(), torch.inference_mode():
         step = _Stepper(translator.model, src, True, steps=len(ids) + 1, group=1)

@@ -57,7 +57,7 @@ def test_health_ready_and_model(client, translator):
     info = client.get("/v1/model").json()
     assert info["parameters"] == count_parameters(translator.model)
     assert info["quantize"] == "none"
-    assert info["vocabulary_size"] == len(translator.vocab) == 60
+    assert info["vocabulary_size"] == len(translator.vocab.target) == 60
     assert (info["source_language"], info["target_language"]) == ("xx", "yy")
     assert info["architecture"] == "weighted-transformer"
     assert info["config"]["model"]["d_model"] == 64 and info["config"]["decode"]["beam"] == 4
@@ -110,7 +110,7 @@ def test_attention_maps_per_branch_with_their_weights(client, translator):
     a = got["attention"][0]
     src_ids = translator.encode([SENTENCES[4]])[0]
     out = translator.translate_nbest([SENTENCES[4]])[0][0]
-    assert a["source"] == [*translator.pieces(src_ids), "</s>"]
+    assert a["source"] == [*translator.pieces(src_ids, source=True), "</s>"]
     assert a["target"] == [*translator.pieces(out.ids), "</s>"]
     table = branch_weight_table(translator.model)
     assert len(a["layers"]) == 2

@@ -152,14 +152,15 @@ def dev_batches(run_dir: Path, *, max_tokens: int = 4000, limit: int = 8):  # ty
     data (prepared again if it is not there), checked to use the run's own vocabulary."""
     from wtnmt.config import load_config
     from wtnmt.data import ParallelData, plan_batches, prepare
-    from wtnmt.data.vocab import vocabulary_sha256
+    from wtnmt.data.vocab import vocabularies_sha256, vocabulary_files
     from wtnmt.errors import CheckpointError
 
     config = load_config(run_dir / "config.yaml")
     directory = config.data.prepared_path()
     prepare(config.data, directory, log=lambda _: None)
-    ours, theirs = run_dir / "spm.model", directory / "spm.model"
-    if ours.is_file() and vocabulary_sha256(ours) != vocabulary_sha256(theirs):
+    joint = config.data.joint_vocab
+    ours = all((run_dir / name).is_file() for name in vocabulary_files(joint))
+    if ours and vocabularies_sha256(run_dir, joint) != vocabularies_sha256(directory, joint):
         raise CheckpointError(f"{directory}: its vocabulary is not the one {run_dir} used")
     data = ParallelData(directory, "valid")
     plan = plan_batches(

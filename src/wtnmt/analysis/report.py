@@ -153,7 +153,7 @@ def attention_figure(run: Run, sentence: int, out: Path) -> Path | None:
     layers = translator.cross_attention(ids, [produced.ids])[0]
     return figures.plot_attention(
         layers,
-        [*translator.pieces(ids[0]), "</s>"],
+        [*translator.pieces(ids[0], source=True), "</s>"],
         [*translator.pieces(produced.ids), "</s>"],
         out / f"attention-{run.slug}.png",
         title=f"{run.name}, test sentence {sentence}: {src[sentence]!r} → {produced.text!r}",

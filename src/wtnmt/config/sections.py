@@ -49,8 +49,11 @@ class DataConfig:
     valid_size: int = 1000  # pairs held out for dev where the corpus has no dev set
     test_size: int = 1000  # pairs held out for test where the corpus has no test set
     max_words: int | None = None  # keep only pairs whose sides have at most this many words
-    # Subword vocabulary (sentencepiece, shared by both languages)
-    vocab_size: int = 8000  # pieces in the vocabulary
+    # Subword vocabulary (sentencepiece): one for both languages, its embedding shared by
+    # source, target and output (paper §4.1); false: one a language (vocab_size pieces
+    # each), the source's embedding its own and the target's tied to the output projection
+    joint_vocab: bool = True
+    vocab_size: int = 8000  # pieces in the vocabulary (in each, with joint_vocab: false)
     spm_model_type: Literal["bpe", "unigram"] = "bpe"  # sentencepiece's model type
     character_coverage: float = 1.0  # characters the vocabulary covers (sentencepiece's; 1.0: all)
     spm_seed: int = 1  # sentencepiece's seed

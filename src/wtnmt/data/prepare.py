@@ -2,7 +2,8 @@
 
 The directory holds::
 
-    spm.model, spm.vocab                 shared sentencepiece vocabulary
+    spm.model, spm.vocab                 shared sentencepiece vocabulary (data.joint_vocab;
+                                         else spm.src.*, spm.tgt.*: one a language)
     {train,valid,test}.{src,tgt}.npy     token ids (+ .idx.npy offsets), memory-mappable
     valid.<lang>, test.<lang>            the raw text of dev and test, for scoring
     summary.json                         what was read, kept and dropped, per split
@@ -44,8 +45,8 @@ from wtnmt.data.split import keep_short, split_by_pivot
 from wtnmt.data.spool import spooled
 from wtnmt.data.stream import PairList, ParallelFiles, TsvFile
 from wtnmt.data.summary import split_stats
-from wtnmt.data.train_split import Selection, encode, kept_pairs, select, train_vocabulary
-from wtnmt.data.vocab import Vocabulary
+from wtnmt.data.train_split import Selection, encode, kept_pairs, select, train_vocabularies
+from wtnmt.data.vocab import vocabularies_sha256, vocabulary_files
 
 FORMAT_VERSION = 2  # 2: dev/test ids cut to max_tokens_per_side
 Pair = tuple[str, str]
@@ -246,14 +247,8 @@ def _build(
             f"no training pairs left: {read['train']:,} read, all dropped "
             f"({_reasons(dropped['train'], corpus_level)}); check the training files"
         )
-    sentences = 2 * selection.kept
-    log(
-        f"training the shared {c.spm_model_type} vocabulary ({c.vocab_size} pieces) on "
-        f"{selection.kept:,} pairs: a sample of {min(sentences, c.spm_max_sentences):,} of "
-        f"their {sentences:,} sentences (data.spm_max_sentences)"
-    )
-    train_vocabulary(train, selection, out / "spm", c, threads=workers)
-    vocab = Vocabulary(out / "spm.model")
+    vocab = train_vocabularies(train, selection, out, c, threads=workers, log=log)
+    files = [out / name for name in vocabulary_files(c.joint_vocab)]
     log(
         f"vocabulary trained ({clock.lap('vocabulary')} s); encoding {selection.kept:,} "
         f"training pairs on {workers} worker{'s' if workers > 1 else ''}"
@@ -262,8 +257,8 @@ def _build(
         train,
         selection,
         out,
-        model=out / "spm.model",
-        vocab_size=len(vocab),
+        models=(files[0], files[-1]),
+        vocab_sizes=(len(vocab.source), len(vocab.target)),
         max_tokens=c.max_tokens_per_side,
         max_ratio=c.max_length_ratio,
         workers=workers,
@@ -293,15 +288,15 @@ def _build(
         # max_tokens_per_side, as `wtnmt translate` cuts an over-long line, so that
         # validation never needs more positions than the model has
         pairs = kept[split]
-        src_ids = vocab.encode([p[0] for p in pairs])
-        tgt_ids = vocab.encode([p[1] for p in pairs])
+        src_ids = vocab.source.encode([p[0] for p in pairs])
+        tgt_ids = vocab.target.encode([p[1] for p in pairs])
         cap = c.max_tokens_per_side
         long = sum(len(s) > cap or len(t) > cap for s, t in zip(src_ids, tgt_ids, strict=True))
         if long:
             log(f"{split}: {long} pairs over {cap} pieces a side, their ids cut to {cap}")
         src_ids, tgt_ids = [s[:cap] for s in src_ids], [t[:cap] for t in tgt_ids]
-        write_ids(out / f"{split}.src", src_ids, len(vocab))
-        write_ids(out / f"{split}.tgt", tgt_ids, len(vocab))
+        write_ids(out / f"{split}.src", src_ids, len(vocab.source))
+        write_ids(out / f"{split}.tgt", tgt_ids, len(vocab.target))
         for lang, side in ((c.src_lang, 0), (c.tgt_lang, 1)):
             text = "".join(p[side] + "\n" for p in pairs)
             (out / f"{split}.{lang}").write_text(text, encoding="utf-8")
@@ -312,7 +307,8 @@ def _build(
     clock.lap("dev_test")
     return {
         "corpus": corpus_level,
-        "vocab_size": len(vocab),
+        "vocab_size": len(vocab.target),  # the target's where each language has its own
+        **({} if vocab.joint else {"src_vocab_size": len(vocab.source)}),
         "splits": stats,
         "seconds_by_step": clock.laps,
     }
@@ -383,7 +379,11 @@ def _prepare(
         (tmp / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False))
         files = [*sorted(f.name for f in tmp.iterdir()), "manifest.json"]
         manifest.update(
-            {"fingerprint": key, "vocab_sha256": sha256_of(tmp / "spm.model"), "files": files}
+            {
+                "fingerprint": key,
+                "vocab_sha256": vocabularies_sha256(tmp, config.joint_vocab, pieces=False),
+                "files": files,
+            }
         )
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
         move_into_place(tmp, out)

@@ -78,7 +78,6 @@ def _moving(directory: Path) -> dict | None:
 
 def is_current(directory: Path, key: str) -> bool:
     """Whether ``directory`` holds a whole build of the inputs and options ``key`` names."""
-    from wtnmt.data.corpora import sha256_of
 
     manifest_path = directory / "manifest.json"
     if not manifest_path.is_file():
@@ -89,14 +88,19 @@ def is_current(directory: Path, key: str) -> bool:
         return False
     if manifest.get("fingerprint") != key:
         return False
-    model = directory / "spm.model"
-    needed = [model, directory / "summary.json"] + [
+    from wtnmt.data.vocab import vocabularies_sha256, vocabulary_files
+
+    joint = (manifest.get("options") or {}).get("joint_vocab", True)
+    models = [directory / name for name in vocabulary_files(joint)]
+    needed = [*models, directory / "summary.json"] + [
         directory / f"{split}.{side}{ext}"
         for split in SPLITS
         for side in ("src", "tgt")
         for ext in (".npy", ".idx.npy")
     ]
-    return all(p.is_file() for p in needed) and sha256_of(model) == manifest.get("vocab_sha256")
+    return all(p.is_file() for p in needed) and vocabularies_sha256(
+        directory, joint, pieces=False
+    ) == manifest.get("vocab_sha256")
 
 
 def move_into_place(built: Path, out: Path) -> None:

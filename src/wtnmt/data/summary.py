@@ -57,8 +57,11 @@ def format_summary(summary: dict[str, Any]) -> str:
             + (f"; dropped before splitting: {drops}" if drops else "")
         )
     out += lines
+    pieces = f"{summary['vocab_size']:,} shared pieces"
+    if "src_vocab_size" in summary:
+        pieces = f"{summary['src_vocab_size']:,} source and {summary['vocab_size']:,} target pieces"
     out.append(
-        f"vocabulary: {summary['vocab_size']:,} shared pieces   "
+        f"vocabulary: {pieces}   "
         f"({summary['src_lang']}→{summary['tgt_lang']}, {summary['seconds']} s)"
     )
     out.append(f"data: {summary['attribution']}")

@@ -37,7 +37,7 @@ from wtnmt.data.clean import length_filter
 from wtnmt.data.dataset import IdWriter, flatten
 from wtnmt.data.io import DataError
 from wtnmt.data.stream import Pair, PairStream
-from wtnmt.data.vocab import stderr_lines, train_sentencepiece
+from wtnmt.data.vocab import Vocabularies, stderr_lines, train_sentencepiece
 
 
 def progress(total: int | None, unit: str, desc: str, file: TextIO | None = None):  # type: ignore[no-untyped-def]
@@ -141,13 +141,16 @@ def kept_pairs(stream: PairStream, keep: np.ndarray) -> Iterator[list[Pair]]:
             yield [pair for pair, k in zip(chunk, mask.tolist(), strict=True) if k]
 
 
-def kept_sentences(stream: PairStream, selection: Selection, bar) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    """Pass 2's input to SentencePiece: source, target, source, … of every kept pair."""
+def kept_sentences(  # type: ignore[no-untyped-def]
+    stream: PairStream, selection: Selection, bar, sides: tuple[int, ...] = (0, 1)
+) -> Iterator[str]:
+    """Pass 2's input to SentencePiece: source, target, source, … of every kept pair (or
+    the ``sides`` asked of each)."""
     with bar:
         for chunk in kept_pairs(stream, selection.keep):
-            for src, tgt in chunk:
-                yield src
-                yield tgt
+            for pair in chunk:
+                for side in sides:
+                    yield pair[side]
             bar.update(len(chunk))
 
 
@@ -163,10 +166,16 @@ _STEPS = (
 
 
 def train_vocabulary(
-    stream: PairStream, selection: Selection, prefix: Path, config: DataConfig, threads: int
+    stream: PairStream,
+    selection: Selection,
+    prefix: Path,
+    config: DataConfig,
+    threads: int,
+    sides: tuple[int, ...] = (0, 1),
 ) -> Path:
-    """Pass 2: the shared vocabulary from a sample of the kept sentences. On a terminal, two
-    bars: the sentences fed to SentencePiece, then its steps (read from its log)."""
+    """Pass 2: a vocabulary from a sample of the kept sentences of ``sides`` (0 source, 1
+    target; both: the shared one). On a terminal, two bars: the sentences fed to
+    SentencePiece, then its steps (read from its log)."""
     c = config
     options = {
         "vocab_size": c.vocab_size,
@@ -178,7 +187,8 @@ def train_vocabulary(
     }
     if not sys.stderr.isatty():
         feed = progress(selection.kept, "pair", "vocabulary sample")
-        return train_sentencepiece(kept_sentences(stream, selection, feed), prefix, **options)
+        sentences = kept_sentences(stream, selection, feed, sides)
+        return train_sentencepiece(sentences, prefix, **options)
     steps = None
     seen: set[str] = set()
 
@@ -193,23 +203,50 @@ def train_vocabulary(
         feed = progress(selection.kept, "pair", "vocabulary sample", file=terminal)
         steps = progress(4, "step", "vocabulary", file=terminal)
         with steps:
-            sentences = kept_sentences(stream, selection, feed)
+            sentences = kept_sentences(stream, selection, feed, sides)
             return train_sentencepiece(sentences, prefix, **options, verbose=True)
+
+
+def train_vocabularies(  # type: ignore[no-untyped-def]
+    stream: PairStream, selection: Selection, out: Path, config: DataConfig, threads: int, log
+) -> Vocabularies:
+    """Pass 2 for each vocabulary ``data.joint_vocab`` asks: the shared one (``spm.model``)
+    or one a language (``spm.src.model``, ``spm.tgt.model``)."""
+    c = config
+    sides = (
+        [("shared", "spm", (0, 1))]
+        if c.joint_vocab
+        else [
+            (c.src_lang, "spm.src", (0,)),
+            (c.tgt_lang, "spm.tgt", (1,)),
+        ]
+    )
+    for name, prefix, of in sides:
+        sentences = len(of) * selection.kept
+        log(
+            f"training the {name} {c.spm_model_type} vocabulary ({c.vocab_size} pieces) on "
+            f"{selection.kept:,} pairs: a sample of {min(sentences, c.spm_max_sentences):,} of "
+            f"their {sentences:,} sentences (data.spm_max_sentences)"
+        )
+        train_vocabulary(stream, selection, out / prefix, c, threads=threads, sides=of)
+    return Vocabularies.load(out, c.joint_vocab)
 
 
 # --------------------------------------------------------------------------------------------
 # Pass 3: ids, on worker processes
 
 
-_sp = None  # a worker's sentencepiece processor
+_sp: tuple[Any, Any] | None = None  # a worker's sentencepiece processors: source, target
 _filter: dict[str, Any] = {}
 
 
-def _start_worker(model: str, max_tokens: int, max_ratio: float) -> None:
+def _start_worker(src_model: str, tgt_model: str, max_tokens: int, max_ratio: float) -> None:
     import sentencepiece as spm
 
     global _sp, _filter
-    _sp = spm.SentencePieceProcessor(model_file=model)
+    source = spm.SentencePieceProcessor(model_file=src_model)
+    shared = src_model == tgt_model
+    _sp = (source, source if shared else spm.SentencePieceProcessor(model_file=tgt_model))
     _filter = {"max_tokens": max_tokens, "max_ratio": max_ratio}
 
 
@@ -220,8 +257,8 @@ def encode_chunk(
     filter keeps, and what it dropped (on a worker, after ``_start_worker``)."""
     assert _sp is not None
     # one thread: a worker is a core (sentencepiece's default takes every core, each worker)
-    src = _sp.encode([p[0] for p in pairs], out_type=int, num_threads=1)
-    tgt = _sp.encode([p[1] for p in pairs], out_type=int, num_threads=1)
+    src = _sp[0].encode([p[0] for p in pairs], out_type=int, num_threads=1)
+    tgt = _sp[1].encode([p[1] for p in pairs], out_type=int, num_threads=1)
     keep, dropped = length_filter(list(map(len, src)), list(map(len, tgt)), **_filter)
     if len(keep) < len(pairs):
         src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
@@ -246,7 +283,7 @@ def _main_hidden(hide: bool) -> Iterator[None]:
 
 
 def _encoded(
-    chunks: Iterator[list[Pair]], init: tuple[str, int, float], workers: int
+    chunks: Iterator[list[Pair]], init: tuple[str, str, int, float], workers: int
 ) -> Iterator[tuple[int, tuple[Any, ...]]]:
     """(pairs in, encode_chunk's result) of each chunk, in order: in this process for one
     worker, else on ``workers`` processes with at most two chunks each in flight."""
@@ -290,19 +327,20 @@ def encode(
     selection: Selection,
     out: Path,
     *,
-    model: Path,
-    vocab_size: int,
+    models: tuple[Path, Path],
+    vocab_sizes: tuple[int, int],
     max_tokens: int,
     max_ratio: float,
     workers: int,
 ) -> dict[str, Any]:
-    """Pass 3: ``out``/train.{src,tgt}(.idx).npy of the kept pairs; returns the counts."""
-    init = (str(model), max_tokens, max_ratio)
+    """Pass 3: ``out``/train.{src,tgt}(.idx).npy of the kept pairs, each side with its
+    vocabulary (``models``: source, target; the same file where shared); returns the counts."""
+    init = (str(models[0]), str(models[1]), max_tokens, max_ratio)
     dropped: Counter[str] = Counter()
     kept = tokens_src = tokens_tgt = 0
     with (
-        IdWriter(out / "train.src", vocab_size) as src_out,
-        IdWriter(out / "train.tgt", vocab_size) as tgt_out,
+        IdWriter(out / "train.src", vocab_sizes[0]) as src_out,
+        IdWriter(out / "train.tgt", vocab_sizes[1]) as tgt_out,
         progress(selection.kept, "pair", "encoding") as bar,
     ):
         for n, (src, src_len, tgt, tgt_len, drops) in _encoded(
@@ -325,5 +363,6 @@ __all__ = [
     "kept_pairs",
     "progress",
     "select",
+    "train_vocabularies",
     "train_vocabulary",
 ]

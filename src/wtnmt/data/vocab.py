@@ -33,7 +33,8 @@ def train_sentencepiece(
     threads: int = 2,
     verbose: bool = False,
 ) -> Path:
-    """Train on ``sentences`` (both languages' training side) → ``<prefix>.model``: on a
+    """Train on ``sentences`` (the training side of both languages, or of one) →
+    ``<prefix>.model``: on a
     seeded sample of ``max_sentences`` of them where there are more (SentencePiece's reservoir
     sampling, which holds the sample, never the whole stream). ``verbose``: SentencePiece
     logs its steps on stderr (``stderr_lines`` reads them)."""
@@ -63,7 +64,7 @@ def train_sentencepiece(
             f"sentencepiece could not build a vocabulary of {vocab_size} pieces from the "
             f"training data ({e}); lower data.vocab_size (--vocab-size)"
         ) from None
-    return model_prefix.with_suffix(".model")
+    return model_prefix.with_name(model_prefix.name + ".model")
 
 
 @contextlib.contextmanager
@@ -142,3 +143,63 @@ class Vocabulary:
     def decode(self, ids: Sequence[int]) -> str:
         """Piece ids → detokenised text; special ids are skipped."""
         return self.sp.decode([i for i in ids if i > UNK or i == UNK])
+
+
+# ------------------------------------------------------------------------ one or two of them
+def vocabulary_files(joint: bool) -> tuple[str, ...]:
+    """The sentencepiece models of a prepared directory or a run: one shared by both
+    languages (``data.joint_vocab``, the paper's), or the source's and the target's."""
+    return ("spm.model",) if joint else ("spm.src.model", "spm.tgt.model")
+
+
+def vocabularies_sha256(directory: Path, joint: bool, *, pieces: bool = True) -> str:
+    """The hash a run records of its vocabularies: ``vocabulary_sha256`` of the pieces (or
+    with ``pieces=False`` the files' bytes) of the one shared model, as ever; of two, one
+    hash over both, source first."""
+    from wtnmt.data.corpora import sha256_of
+
+    digest = vocabulary_sha256 if pieces else sha256_of
+    hashes = [digest(directory / name) for name in vocabulary_files(joint)]
+    if joint:
+        return hashes[0]
+    return hashlib.sha256("\n".join(hashes).encode()).hexdigest()
+
+
+class Vocabularies:
+    """The source's and the target's vocabulary: the same object where they are shared."""
+
+    def __init__(self, source: Vocabulary, target: Vocabulary) -> None:
+        self.source, self.target = source, target
+        self.directory = target.path.parent
+
+    @property
+    def joint(self) -> bool:
+        return self.source is self.target
+
+    @property
+    def source_size(self) -> int | None:
+        """The source's pieces where it has a vocabulary (and embedding) of its own."""
+        return None if self.joint else len(self.source)
+
+    @classmethod
+    def load(cls, directory: Path, joint: bool) -> Vocabularies:
+        """The vocabularies ``vocabulary_files`` names in ``directory``."""
+        found = [Vocabulary(directory / name) for name in vocabulary_files(joint)]
+        return cls(found[0], found[-1])
+
+    @classmethod
+    def found(cls, directory: Path, joint: bool) -> Vocabularies | None:
+        """``load``, or None where ``directory`` lacks one of the files (pre-tokenised data)."""
+        names = vocabulary_files(joint)
+        return cls.load(directory, joint) if all((directory / n).is_file() for n in names) else None
+
+
+def vocabulary_hashes(vocab: Vocabularies | None) -> dict[str, str | None]:
+    """What a checkpoint records of the vocabularies (None: trained without one): the
+    sha256 of the files' bytes, and of their pieces (what a resume checks)."""
+    if vocab is None:
+        return {"vocab_sha256": None, "vocabulary_sha256": None}
+    return {
+        "vocab_sha256": vocabularies_sha256(vocab.directory, vocab.joint, pieces=False),
+        "vocabulary_sha256": vocabularies_sha256(vocab.directory, vocab.joint),
+    }

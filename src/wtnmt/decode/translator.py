@@ -21,7 +21,7 @@ import torch
 
 from wtnmt.config import RunConfig
 from wtnmt.config.sections import MAX_BEAM
-from wtnmt.data.vocab import Vocabulary
+from wtnmt.data.vocab import Vocabularies
 from wtnmt.decode.attention import LayerAttention, cross_attention
 from wtnmt.decode.search import search_batch
 from wtnmt.decode.workers import SearchWorkers
@@ -54,7 +54,7 @@ class Translator:
     def __init__(
         self,
         model,
-        vocab: Vocabulary,
+        vocab: Vocabularies,
         config: RunConfig,  # type: ignore[no-untyped-def]
         device: torch.device,
     ) -> None:
@@ -132,7 +132,7 @@ class Translator:
     ) -> list[list[int]]:
         """Sentences → piece ids, each cut to the model's maximum source length (with a
         warning naming it by ``label``, numbered from ``first_line``)."""
-        ids = self.vocab.encode(sentences)
+        ids = self.vocab.source.encode(sentences)
         for i, seq in enumerate(ids):
             if len(seq) > self.max_source:
                 warn(
@@ -215,7 +215,8 @@ class Translator:
         for batch, hyps in zip(batches, found, strict=True):
             for i, best in zip(batch, hyps, strict=True):
                 results[i] = [
-                    Translation(self.vocab.decode(h.tokens), h.score, tuple(h.tokens)) for h in best
+                    Translation(self.vocab.target.decode(h.tokens), h.score, tuple(h.tokens))
+                    for h in best
                 ]
         return results
 
@@ -248,9 +249,11 @@ class Translator:
         ``outputs`` from ``sources`` (piece ids, as ``encode`` and ``Translation.ids`` give)."""
         return cross_attention(self.model, sources, outputs, device=self.device)
 
-    def pieces(self, ids: Sequence[int]) -> list[str]:
-        """Piece ids → their sentencepiece strings (for labelling attention maps)."""
-        return [self.vocab.sp.id_to_piece(int(i)) for i in ids]
+    def pieces(self, ids: Sequence[int], *, source: bool = False) -> list[str]:
+        """Piece ids of the target (or ``source``) → their sentencepiece strings (for
+        labelling attention maps)."""
+        vocab = self.vocab.source if source else self.vocab.target
+        return [vocab.sp.id_to_piece(int(i)) for i in ids]
 
     def translate(self, sentences: Sequence[str], *, beam: int | None = None) -> list[str]:
         return [n[0].text for n in self.translate_nbest(sentences, beam=beam)]

@@ -28,14 +28,16 @@ from wtnmt.decode.search import Hypothesis, search_batch
 _model: torch.nn.Module | None = None  # a worker's model, built once by _start
 
 
-def _start(model_config: Any, vocab_size: int, state: dict, int8: bool, threads: int) -> None:
+def _start(
+    model_config: Any, sizes: tuple[int, int | None], state: dict, int8: bool, threads: int
+) -> None:
     global _model
     from wtnmt.model import build_model, quantize_decoding
     from wtnmt.runtime import tune_cpu_allocator
 
     torch.set_num_threads(threads)
     tune_cpu_allocator()
-    model = build_model(model_config, vocab_size=vocab_size)
+    model = build_model(model_config, vocab_size=sizes[0], source_vocab_size=sizes[1])
     model.load_state_dict(state)
     if int8:
         quantize_decoding(model, "int8")
@@ -58,13 +60,13 @@ class SearchWorkers:
         if workers < 1 or threads < 1:
             raise ValueError(f"workers={workers}, threads={threads}: each must be at least 1")
         state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
-        vocab_size = model.embedding.weight.size(0)
+        sizes = (model.embedding.weight.size(0), model.source_vocab_size)
         self.workers = workers
         self._pool = ProcessPoolExecutor(
             workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_start,
-            initargs=(model_config, vocab_size, state, int8, threads),
+            initargs=(model_config, sizes, state, int8, threads),
         )
 
     def search(self, sources: Sequence[Tensor], **options: Any) -> Iterator[list[list[Hypothesis]]]:

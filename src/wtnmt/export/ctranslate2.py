@@ -41,8 +41,9 @@ def _out_projection(attention) -> torch.Tensor:  # type: ignore[no-untyped-def]
     return attention.w_out.reshape(h * dk, d).t()
 
 
-def ctranslate2_spec(model, tokens: list[str]):  # type: ignore[no-untyped-def]
-    """A ctranslate2 TransformerSpec computing what the wtnmt Transformer ``model`` computes."""
+def ctranslate2_spec(model, tokens: list[str], source_tokens: list[str] | None = None):  # type: ignore[no-untyped-def]
+    """A ctranslate2 TransformerSpec computing what the wtnmt Transformer ``model`` computes;
+    ``source_tokens`` where the source has a vocabulary of its own (``tokens``: the target's)."""
     from ctranslate2.specs import transformer_spec
 
     enc, dec = model.encoder_layers, model.decoder_layers
@@ -50,9 +51,10 @@ def ctranslate2_spec(model, tokens: list[str]):  # type: ignore[no-untyped-def]
     spec = transformer_spec.TransformerSpec.from_config((len(enc), len(dec)), heads, pre_norm=False)
     d = model.embedding.weight.size(1)
     table = model.positions.table  # sinusoidal, interleaved sin/cos (not fairseq's halves)
-    for side in (spec.encoder, spec.decoder):
+    source_table = getattr(model, "source_embedding", model.embedding).weight
+    for side, words in ((spec.encoder, source_table), (spec.decoder, model.embedding.weight)):
         embeddings = side.embeddings[0] if isinstance(side.embeddings, list) else side.embeddings
-        embeddings.weight = _np(model.embedding.weight)
+        embeddings.weight = _np(words)
         side.scale_embeddings = True  # √D
         side.position_encodings.encodings = _np(table)
     _linear(spec.decoder.projection, model.embedding.weight)  # tied
@@ -77,16 +79,18 @@ def ctranslate2_spec(model, tokens: list[str]):  # type: ignore[no-untyped-def]
         _norm(layer_spec.ffn.layer_norm, layer.ffn_res.norm)
     spec.config.layer_norm_epsilon = enc[0].self_attn_res.norm.eps
     spec.config.decoder_start_token = "<s>"
-    spec.register_source_vocabulary(tokens)
+    spec.register_source_vocabulary(tokens if source_tokens is None else source_tokens)
     spec.register_target_vocabulary(tokens)
     return spec
 
 
-def convert(model, tokens: list[str], out: Path, quantization: str) -> Path:  # type: ignore[no-untyped-def]
+def convert(  # type: ignore[no-untyped-def]
+    model, tokens: list[str], out: Path, quantization: str, source_tokens: list[str] | None = None
+) -> Path:
     """Save the model for CTranslate2 (in a helper thread: see the module docstring)."""
 
     def work() -> None:
-        spec = ctranslate2_spec(model, tokens)
+        spec = ctranslate2_spec(model, tokens, source_tokens)
         spec.validate()
         spec.optimize(quantization=quantization)
         out.mkdir(parents=True, exist_ok=True)
@@ -145,9 +149,15 @@ def export_ctranslate2(
         import ctranslate2  # noqa: F401
     except ImportError:
         raise CheckpointError("exporting to CTranslate2 needs: pip install ctranslate2") from None
+    source, target = (_tokens(v) for v in (vocab.source, vocab.target))
+    quantization = "int8" if quantize == "int8" else "float32"
+    return convert(model, target, out, quantization, None if vocab.joint else source)
+
+
+def _tokens(vocab) -> list[str]:  # type: ignore[no-untyped-def]
     tokens = [vocab.sp.id_to_piece(i) for i in range(len(vocab))]
     tokens[: len(SPECIALS)] = SPECIALS
-    return convert(model, tokens, out, "int8" if quantize == "int8" else "float32")
+    return tokens
 
 
 __all__ = ["SPECIALS", "convert", "ctranslate2_spec", "export_ctranslate2", "unsupported"]

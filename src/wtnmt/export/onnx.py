@@ -32,7 +32,7 @@ from typing import Any, Literal
 import torch
 
 from wtnmt.data.corpora import sha256_of
-from wtnmt.data.vocab import vocabulary_sha256
+from wtnmt.data.vocab import vocabularies_sha256, vocabulary_files
 from wtnmt.export.files import (
     GRAPHS,
     META,
@@ -303,7 +303,7 @@ def export_onnx(
             "run": str(run.resolve()),
             "weights": weights,
             "weights_sha256": sha256_of(run / weights),
-            "vocab_sha256": vocabulary_sha256(run / "spm.model"),
+            "vocab_sha256": vocabularies_sha256(run, config.data.joint_vocab),
             "model": {"attention": config.model.attention, "norm": config.model.norm},
             **_shapes(model),
             "opset": OPSET,
@@ -332,12 +332,16 @@ def read_export(directory: str | Path, run: str | Path, *, weights: str, quantiz
         raise ExportError(f"{path}: unreadable ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ExportError(f"{path}: not an export of format {FORMAT}; export again with --force")
+    joint = not (run / "spm.src.model").is_file()  # the run's vocabularies, as it has them
     current = {
-        "weights_sha256": (run / weights, sha256_of),
-        "vocab_sha256": (run / "spm.model", vocabulary_sha256),
+        "weights_sha256": (run / weights, lambda: sha256_of(run / weights)),
+        "vocab_sha256": (
+            run / vocabulary_files(joint)[-1],
+            lambda: vocabularies_sha256(run, joint),
+        ),
     }
     for key, (file, digest) in current.items():
-        if meta.get(key) != digest(file):
+        if meta.get(key) != digest():
             raise ExportError(
                 f"{directory}: exported from another {file.name} than {file}'s (sha256 "
                 f"differs); export again with `wtnmt export onnx {run} --force`"

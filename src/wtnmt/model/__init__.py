@@ -9,7 +9,7 @@ from wtnmt.model.branch_weights import (
     override_branch_weights,
     project_branch_weights,
 )
-from wtnmt.model.build import build_model
+from wtnmt.model.build import build_like, build_model
 from wtnmt.model.outputs import (
     AttentionInternals,
     AttentionOutput,
@@ -32,6 +32,7 @@ __all__ = [
     "Seq2Seq",
     "branch_weight_table",
     "branch_weights_overridden",
+    "build_like",
     "build_model",
     "chosen_branch_weights",
     "count_parameters",

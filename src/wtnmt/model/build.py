@@ -15,10 +15,19 @@ from wtnmt.model.transparent import TransparentCombination
 from wtnmt.special import PAD
 
 
-def build_model(config: ModelConfig, *, vocab_size: int, pad_id: int = PAD) -> Seq2Seq:
-    """A Transformer (``attention: multihead``) or Weighted Transformer (``branched``)."""
-    if vocab_size <= pad_id:
-        raise ValueError(f"vocab_size={vocab_size} must exceed the padding id {pad_id}")
+def build_model(
+    config: ModelConfig,
+    *,
+    vocab_size: int,
+    pad_id: int = PAD,
+    source_vocab_size: int | None = None,
+) -> Seq2Seq:
+    """A Transformer (``attention: multihead``) or Weighted Transformer (``branched``).
+    ``vocab_size``: the target's pieces, and the source's unless ``source_vocab_size`` gives
+    the source a vocabulary and embedding of its own (``data.joint_vocab: false``)."""
+    for size in (vocab_size, source_vocab_size or vocab_size):
+        if size <= pad_id:
+            raise ValueError(f"vocab_size={size} must exceed the padding id {pad_id}")
     c = config
     branched = c.attention == "branched"
 
@@ -94,6 +103,9 @@ def build_model(config: ModelConfig, *, vocab_size: int, pad_id: int = PAD) -> S
         )
     model = Seq2Seq(
         embedding=TokenEmbedding(vocab_size=vocab_size, d_model=c.d_model, pad_id=pad_id),
+        source_embedding=None
+        if source_vocab_size is None
+        else TokenEmbedding(vocab_size=source_vocab_size, d_model=c.d_model, pad_id=pad_id),
         positions=Positions(
             max_positions=c.max_positions, d_model=c.d_model, learned=c.positions == "learned"
         ),
@@ -109,3 +121,12 @@ def build_model(config: ModelConfig, *, vocab_size: int, pad_id: int = PAD) -> S
                 if isinstance(module, HeadProjection):
                     module.weight.mul_(c.qkv_init_gain)
     return model
+
+
+def build_like(config: ModelConfig, model: Seq2Seq) -> Seq2Seq:
+    """A new model of ``config`` with the vocabularies (and embeddings' shapes) of ``model``."""
+    return build_model(
+        config,
+        vocab_size=model.embedding.weight.size(0),
+        source_vocab_size=model.source_vocab_size,
+    )

@@ -63,9 +63,14 @@ class Seq2Seq(nn.Module):
         pre_norm: bool,
         transparent: TransparentCombination | None,
         dropout: float,
+        source_embedding: TokenEmbedding | None = None,
     ) -> None:
+        """``embedding``: the target's, tied to the output projection, and the source's too
+        unless the source has a vocabulary of its own (``source_embedding``)."""
         super().__init__()
         self.embedding = embedding
+        if source_embedding is not None:
+            self.source_embedding = source_embedding
         self.positions = positions
         self.encoder_layers = nn.ModuleList(encoder_layers)
         self.decoder_layers = nn.ModuleList(decoder_layers)
@@ -83,9 +88,17 @@ class Seq2Seq(nn.Module):
         return self.positions.max_positions
 
     # ---------------------------------------------------------------------------------------
-    def embed(self, tokens: Tensor, offset: int = 0) -> Tensor:
-        """tokens [B, T] → Drop(√D·E[tokens] + PE) [B, T, D]."""
-        x = self.embedding(tokens) + self.positions(tokens.size(1), offset)
+    @property
+    def source_vocab_size(self) -> int | None:
+        """The source's pieces where it has an embedding of its own (None: shared)."""
+        own = getattr(self, "source_embedding", None)
+        return None if own is None else own.weight.size(0)
+
+    def embed(self, tokens: Tensor, offset: int = 0, *, source: bool = False) -> Tensor:
+        """tokens [B, T] → Drop(√D·E[tokens] + PE) [B, T, D]; E the source's own embedding
+        where it has one and ``source``."""
+        table = getattr(self, "source_embedding", self.embedding) if source else self.embedding
+        x = table(tokens) + self.positions(tokens.size(1), offset)
         return self.dropout(x) if self.training else x
 
     def encode(
@@ -102,7 +115,7 @@ class Seq2Seq(nn.Module):
         src_pad = src.eq(self.pad_id)  # [B, S]
         # no mask where there is no padding: the fused kernel's path
         key_pad = src_pad if always_mask or _padded(src_pad, src_padded) else None
-        x = self.embed(src)
+        x = self.embed(src, source=True)
         states, internals = [x], []
         for layer in self.encoder_layers:
             x, layer_internals = layer(x, src_pad=key_pad, need_internals=need_internals)

@@ -35,7 +35,7 @@ from wtnmt.config import (
     parse_override,
 )
 from wtnmt.errors import CheckpointError
-from wtnmt.model import build_model, count_parameters
+from wtnmt.model import build_like, count_parameters
 from wtnmt.model.pruning import branched_sublayers, prune_state, pruned_config
 from wtnmt.prune.criteria import (
     Scores,
@@ -46,7 +46,7 @@ from wtnmt.prune.criteria import (
 )
 from wtnmt.rundir import load_run, save_weights
 from wtnmt.rundir.files import atomic_write
-from wtnmt.rundir.run import MARK, write_vocabulary
+from wtnmt.rundir.run import MARK, copy_vocabularies
 from wtnmt.safe_files import file_in_the_way
 
 
@@ -173,12 +173,13 @@ def dev_loss_of(config: RunConfig, run: Path, model: torch.nn.Module, log) -> Ca
     """A function giving the dev cross-entropy per target token of ``model`` as it is now
     (teacher forced, no label smoothing), on the run's prepared dev split."""
     from wtnmt.data import ParallelData, prepare
-    from wtnmt.data.vocab import vocabulary_sha256
+    from wtnmt.data.vocab import vocabularies_sha256
     from wtnmt.train.validation import validate
 
     data_dir = config.data.prepared_path()
     prepare(config.data, data_dir, log=log)
-    if vocabulary_sha256(data_dir / "spm.model") != vocabulary_sha256(run / "spm.model"):
+    joint = config.data.joint_vocab
+    if vocabularies_sha256(data_dir, joint) != vocabularies_sha256(run, joint):
         raise CheckpointError(
             f"{data_dir}: its vocabulary is not the one {run} was trained with; the dev loss "
             f"of --criterion importance needs the run's own prepared data"
@@ -280,7 +281,7 @@ def prune_run(
     model_config = pruned_config(config.model, kept)
     pruned = dataclasses.replace(config, model=model_config, prune=record)
     state = prune_state(model, kept)
-    small = build_model(model_config, vocab_size=model.embedding.weight.size(0))
+    small = build_like(model_config, model)
     small.load_state_dict(state)
     removed = {
         key: [i for i in range(module.w_out.size(0)) if i not in kept[key]]
@@ -322,7 +323,7 @@ def prune_run(
 
         text = yaml.safe_dump(config_to_dict(pruned), sort_keys=False)
         atomic_write(out / "config.yaml", MARK + text.encode())
-        write_vocabulary(out / "spm.model", (run / "spm.model").read_bytes())
+        copy_vocabularies(run, out)
         save_weights(small, out / "model.safetensors")
     summary["seconds"] = round(time.perf_counter() - start, 1)
     atomic_write(out / "prune.json", (json.dumps(summary, indent=2) + "\n").encode())

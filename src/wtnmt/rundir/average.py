@@ -18,7 +18,7 @@ from safetensors.torch import save
 from wtnmt.errors import CheckpointError
 from wtnmt.rundir.checkpoints import list_checkpoints, load_state
 from wtnmt.rundir.files import CHECKSUM_KEY, atomic_write, read_weights, tensors_sha256
-from wtnmt.rundir.run import write_vocabulary
+from wtnmt.rundir.run import copy_vocabularies
 
 
 def average_weights(paths: list[Path]) -> dict[str, torch.Tensor]:
@@ -70,15 +70,16 @@ def average_run(run_dir: str | Path, out: str | Path, *, last: int) -> dict[str,
     ``out`` (which must not exist, or be empty). Returns what was averaged."""
     run_dir, out = Path(run_dir), Path(out)
     weights = _last_checkpoints(run_dir, last)
-    for name in ("config.yaml", "spm.model"):
-        if not (run_dir / name).is_file():
-            raise CheckpointError(f"{run_dir}: no {name} there; is it a wtnmt run directory?")
+    if not (run_dir / "config.yaml").is_file():
+        raise CheckpointError(f"{run_dir}: no config.yaml there; is it a wtnmt run directory?")
+    if not any((run_dir / name).is_file() for name in ("spm.model", "spm.tgt.model")):
+        raise CheckpointError(f"{run_dir}: no vocabulary (spm.model) there")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"--out {out}: exists and is not empty; give a new directory")
     tensors = average_weights(weights)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "config.yaml", (run_dir / "config.yaml").read_bytes())
-    write_vocabulary(out / "spm.model", (run_dir / "spm.model").read_bytes())
+    copy_vocabularies(run_dir, out)
     atomic_write(out / "model.safetensors", _weights_file(tensors))
     record = {"run": str(run_dir), "checkpoints": [w.name for w in weights]}
     atomic_write(out / "averaged.json", (json.dumps(record, indent=2) + "\n").encode())

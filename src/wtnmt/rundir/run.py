@@ -1,6 +1,7 @@
 """A run directory: what `wtnmt train` writes and `translate`, `evaluate` and `serve` read.
 
-    config.yaml        the resolved config        spm.model          the vocabulary
+    config.yaml        the resolved config        spm.model          the vocabulary (or
+                                                  spm.src.model, spm.tgt.model: one a side)
     checkpoints/       step_*.safetensors + step_*.state.pt (the last K, and the best)
     metrics.jsonl      one JSON object per logged step and per validation
     train.log          the log lines             model.safetensors   the weights to use
@@ -26,7 +27,7 @@ import yaml
 from wtnmt.config import ConfigError, RunConfig, config_from_dict, config_to_dict, load_config
 from wtnmt.data.corpora import sha256_of
 from wtnmt.data.io import DataError
-from wtnmt.data.vocab import Vocabulary
+from wtnmt.data.vocab import Vocabularies, vocabulary_files
 from wtnmt.errors import CheckpointError, TrainingError
 from wtnmt.rundir.checkpoints import latest_checkpoint, list_checkpoints
 from wtnmt.rundir.files import atomic_write, load_weights
@@ -65,7 +66,6 @@ class RunDirectory:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.config_path = self.path / "config.yaml"
-        self.vocab_path = self.path / "spm.model"
         self.weights_path = self.path / "model.safetensors"
         self.checkpoints = self.path / "checkpoints"
         self._lock_fd: int | None = None
@@ -96,7 +96,10 @@ class RunDirectory:
         self._lock_fd = fd
         # the only writer now: the temporary files a killed writer left (atomic_write's
         # names for the run's own files, nothing else in a directory the user may share)
-        names = [f".{f.name}.*.tmp" for f in (self.config_path, self.vocab_path, self.weights_path)]
+        names = [
+            f".{name}.*.tmp"
+            for name in (self.config_path.name, *_ALL_VOCABULARIES, self.weights_path.name)
+        ]
         debris = [p for name in names for p in self.path.glob(name)]
         debris += self.checkpoints.glob(".step_*.tmp")
         for path in debris:
@@ -144,7 +147,8 @@ class RunDirectory:
                 f"another --out"
             )
         ours = self.config_path.is_file() and self.config_path.read_bytes().startswith(MARK)
-        for path in (self.config_path, self.vocab_path, self.weights_path):
+        vocabularies = [self.path / name for name in _ALL_VOCABULARIES]
+        for path in (self.config_path, *vocabularies, self.weights_path):
             if path.exists() and not ours:
                 raise TrainingError(
                     f"{path}: wtnmt did not write this file, and a new run would overwrite it; "
@@ -175,59 +179,71 @@ class RunDirectory:
             )
         return path, state
 
-    def check_vocabulary(self, state: dict[str, Any], vocab_file: Path) -> None:
+    def check_vocabulary(self, state: dict[str, Any], data_dir: Path, joint: bool) -> None:
         """Refuse to resume on a vocabulary other than the one the run was trained with."""
-        from wtnmt.data.vocab import vocabulary_sha256
+        from wtnmt.data.vocab import vocabularies_sha256, vocabulary_files
 
-        if not vocab_file.is_file():
+        names = vocabulary_files(joint)
+        if not all((data_dir / name).is_file() for name in names):
             return
         # the vocabulary's content, not the file's bytes: a rebuild of the same data records
         # other paths in the model file (checkpoints before vocabulary_sha256 kept the bytes')
-        if self.vocab_path.is_file():  # the copy the run was trained with
-            changed = vocabulary_sha256(self.vocab_path) != vocabulary_sha256(vocab_file)
+        if all((self.path / name).is_file() for name in names):  # the run's own copies
+            changed = vocabularies_sha256(self.path, joint) != vocabularies_sha256(data_dir, joint)
         elif state.get("vocabulary_sha256") is not None:
-            changed = state["vocabulary_sha256"] != vocabulary_sha256(vocab_file)
+            changed = state["vocabulary_sha256"] != vocabularies_sha256(data_dir, joint)
         else:
             recorded = state.get("vocab_sha256")
-            changed = recorded is not None and sha256_of(vocab_file) != recorded
+            changed = recorded is not None and sha256_of(data_dir / names[0]) != recorded
         if changed:
             raise TrainingError(
-                f"--resume: the vocabulary {vocab_file} is not the one {self.path} was trained "
-                f"with (its training data changed since): the weights would read other ids; "
-                f"give another --out to train a new run"
+                f"--resume: the vocabulary in {data_dir} is not the one {self.path} was "
+                f"trained with (its training data changed since): the weights would read "
+                f"other ids; give another --out to train a new run"
             )
 
-    def write_setup(self, config: RunConfig, vocab_file: Path) -> None:
-        """config.yaml and spm.model, each written atomically, and spm.model's checksum."""
+    def write_setup(self, config: RunConfig, data_dir: Path) -> None:
+        """config.yaml and the vocabularies, each written atomically, with their checksums."""
+        from wtnmt.data.vocab import vocabulary_files
+
         text = yaml.safe_dump(config_to_dict(config), sort_keys=False)
         atomic_write(self.config_path, MARK + text.encode())
-        if vocab_file.is_file():
-            write_vocabulary(self.vocab_path, vocab_file.read_bytes())
+        for name in vocabulary_files(config.data.joint_vocab):
+            if (data_dir / name).is_file():
+                write_vocabulary(self.path / name, (data_dir / name).read_bytes())
 
 
-VOCAB_CHECKSUM = "spm.model.sha256"  # beside spm.model in a run: the sha256 of its bytes
+_ALL_VOCABULARIES = ("spm.model", "spm.src.model", "spm.tgt.model")
 
 
 def write_vocabulary(path: Path, data: bytes) -> None:
-    """A run's spm.model, and its checksum beside it (checked when the run is loaded)."""
+    """A run's vocabulary (spm.model, …), and its checksum beside it (NAME.sha256, checked
+    when the run is loaded)."""
     import hashlib
 
     atomic_write(path, data)
     digest = hashlib.sha256(data).hexdigest()
-    atomic_write(path.with_name(VOCAB_CHECKSUM), f"{digest}  spm.model\n".encode())
+    atomic_write(path.with_name(f"{path.name}.sha256"), f"{digest}  {path.name}\n".encode())
+
+
+def copy_vocabularies(run: Path, out: Path) -> None:
+    """The vocabularies of ``run`` (whichever it has), with their checksums, into ``out``."""
+    for name in _ALL_VOCABULARIES:
+        if (run / name).is_file():
+            write_vocabulary(out / name, (run / name).read_bytes())
 
 
 def check_vocabulary_file(path: Path) -> None:
-    """A CheckpointError if a run's spm.model differs from the checksum written with it
+    """A CheckpointError if a run's vocabulary differs from the checksum written with it
     (runs from before the checksum load unchecked)."""
-    kept = path.with_name(VOCAB_CHECKSUM)
+    kept = path.with_name(f"{path.name}.sha256")
     if not kept.is_file():
         return
     recorded = kept.read_text(encoding="utf-8", errors="replace").split()
     if not recorded or sha256_of(path) != recorded[0]:
         raise CheckpointError(
             f"{path}: the vocabulary is damaged (its sha256 differs from the one in "
-            f"{VOCAB_CHECKSUM}, written with it)"
+            f"{kept.name}, written with it)"
         )
 
 
@@ -247,27 +263,38 @@ def missing_weights(run: Path, weights: str) -> str:
 
 
 def load_run(path: str | Path, *, weights: str = "model.safetensors"):  # type: ignore[no-untyped-def]
-    """(config, vocabulary, model with the weights) of a run, for decoding; every problem
+    """(config, Vocabularies, model with the weights) of a run, for decoding; every problem
     with its files is a CheckpointError naming the file."""
     from wtnmt.model import build_model
 
     run = Path(path)
     if not run.is_dir():
         raise CheckpointError(f"{run}: no such run directory")
-    for name in ("config.yaml", "spm.model"):
+    if not (run / "config.yaml").is_file():
+        raise CheckpointError(f"{run}: no config.yaml there; is it a wtnmt run directory?")
+    try:
+        config = load_config(run / "config.yaml")
+    except ConfigError as e:
+        raise CheckpointError(str(e)) from None
+    names = vocabulary_files(config.data.joint_vocab)
+    for name in names:
         if not (run / name).is_file():
             raise CheckpointError(f"{run}: no {name} there; is it a wtnmt run directory?")
     if not (run / weights).is_file():
         raise CheckpointError(missing_weights(run, weights))
-    check_vocabulary_file(run / "spm.model")
+    for name in names:
+        check_vocabulary_file(run / name)
     try:
-        config = load_config(run / "config.yaml")
-        vocab = Vocabulary(run / "spm.model")
-    except (ConfigError, DataError) as e:
+        vocabularies = Vocabularies.load(run, config.data.joint_vocab)
+    except DataError as e:
         raise CheckpointError(str(e)) from None
-    model = build_model(config.model, vocab_size=len(vocab))
+    model = build_model(
+        config.model,
+        vocab_size=len(vocabularies.target),
+        source_vocab_size=vocabularies.source_size,
+    )
     load_weights(model, run / weights)
-    return config, vocab, model
+    return config, vocabularies, model
 
 
 __all__ = ["RunDirectory", "config_differences", "load_run"]

@@ -168,7 +168,9 @@ def model_info(
         "engine": translator.engine,  # "pytorch" or "onnxruntime"
         "source_language": translator.config.data.src_lang,
         "target_language": translator.config.data.tgt_lang,
-        "vocabulary_size": len(translator.vocab),
+        "vocabulary_size": len(translator.vocab.target),  # the target's (and output's)
+        "joint_vocabulary": translator.vocab.joint,  # one for both languages (data.joint_vocab)
+        "source_vocabulary_size": len(translator.vocab.source),
         # data paths are the server's business; the model and search are the client's
         "config": {"model": config["model"], "decode": config["decode"]},
         "branch_weights": [

@@ -74,7 +74,7 @@ class ModelRunner:
     def _attention_json(self, src: list[int], out: tuple[int, ...], layers) -> dict[str, Any]:  # type: ignore[no-untyped-def]
         t = self.translator
         return {
-            "source": [*t.pieces(src), "</s>"],
+            "source": [*t.pieces(src, source=True), "</s>"],
             "target": [*t.pieces(out), "</s>"],
             "layers": [
                 {

@@ -23,9 +23,8 @@ import torch.distributed as dist
 from torch import nn
 
 from wtnmt.config import RunConfig
-from wtnmt.data import Batch, ParallelData, Vocabulary, plan_batches, prepare
-from wtnmt.data.corpora import sha256_of
-from wtnmt.data.vocab import vocabulary_sha256
+from wtnmt.data import Batch, ParallelData, plan_batches, prepare
+from wtnmt.data.vocab import Vocabularies, vocabulary_files, vocabulary_hashes
 from wtnmt.errors import TrainingError
 from wtnmt.model import BranchWeights, build_model, project_branch_weights
 from wtnmt.rundir import RunDirectory, latest_checkpoint, save_weights
@@ -88,18 +87,18 @@ class Trainer(TrainingLoop):
             torch.set_num_threads(self.tc.threads)
         self.report = RunReport(self.run_dir, is_main=self.is_main, to_stderr=log_to_stderr)
         self._prepare_run_dir(resume, data_dir)
-        spm = self.data_dir / "spm.model"
-        self.vocab = Vocabulary(spm) if spm.is_file() else None
-        self.vocab_sha256 = sha256_of(spm) if spm.is_file() else None
-        self.vocabulary_sha256 = vocabulary_sha256(spm) if spm.is_file() else None
+        joint = config.data.joint_vocab
+        self.vocab = Vocabularies.found(self.data_dir, joint)
         if vocab_size is None:
             if self.vocab is None:
-                raise TrainingError(f"{self.data_dir}: no spm.model: prepare the data first")
-            vocab_size = len(self.vocab)
+                missing = " and ".join(vocabulary_files(joint))
+                raise TrainingError(f"{self.data_dir}: no {missing}: prepare the data first")
+            vocab_size = len(self.vocab.target)
         self.train_data = ParallelData(self.data_dir, "train")
         self.valid_data = ParallelData(self.data_dir, "valid")
         torch.manual_seed(self.tc.seed)
-        self.model = build_model(config.model, vocab_size=vocab_size)
+        source_size = self.vocab.source_size if self.vocab is not None else None
+        self.model = build_model(config.model, vocab_size=vocab_size, source_vocab_size=source_size)
         if initial_weights is not None:
             self.model.load_state_dict(initial_weights)
         self.model.to(self.device)
@@ -156,8 +155,8 @@ class Trainer(TrainingLoop):
             if data_dir is None:
                 prepare(c, self.data_dir, log=self.log)
             if self._resume_from is not None:
-                self.rundir.check_vocabulary(self._resume_from[1], self.data_dir / "spm.model")
-            self.rundir.write_setup(self.config, self.data_dir / "spm.model")
+                self.rundir.check_vocabulary(self._resume_from[1], self.data_dir, c.joint_vocab)
+            self.rundir.write_setup(self.config, self.data_dir)
         if self.world > 1:
             dist.barrier()
 
@@ -174,10 +173,7 @@ class Trainer(TrainingLoop):
             scaler=self.scaler,
             state=self.state,
             config=self.config,
-            vocabulary={
-                "vocab_sha256": self.vocab_sha256,  # the file's bytes
-                "vocabulary_sha256": self.vocabulary_sha256,  # its pieces: what resume checks
-            },
+            vocabulary=vocabulary_hashes(self.vocab),
             ckpt_dir=self.ckpt_dir,
             is_main=self.is_main,
             world=self.world,
@@ -296,7 +292,7 @@ class Trainer(TrainingLoop):
         return validate(
             self.model,
             self.valid_data,
-            vocab=self.vocab,
+            vocab=None if self.vocab is None else self.vocab.target,
             references=refs,
             decode=self.config.decode,
             max_tokens=self.tc.max_tokens,
