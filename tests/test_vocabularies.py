@@ -94,7 +94,9 @@ def test_the_source_embedding_is_its_own_and_the_target_one_tied_to_the_output()
     torch.manual_seed(0)
     again = build_model(config, vocab_size=50, source_vocab_size=None)
     assert shared.source_vocab_size is None and "source_embedding.weight" not in shared.state_dict()
-    assert all(torch.equal(a, b) for a, b in zip(shared.parameters(), again.parameters(), strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(shared.parameters(), again.parameters(), strict=True)
+    )
 
 
 def test_a_run_keeps_both_vocabularies_and_decodes_with_each_on_its_side(run):
