@@ -201,3 +201,19 @@ def test_experiments_readme_indexes_every_grid():
     missing = [n for n in named if not (ROOT / "experiments" / f"{n}.yaml").is_file()
                and not (ROOT / "experiments" / n).is_dir()]  # fmt: skip
     assert not missing, missing
+
+
+def test_results_tables_are_the_ones_the_committed_results_make(monkeypatch):
+    """Every table of docs/RESULTS.md is what `python -m wtnmt.analysis.paper` makes from the
+    committed results of the runs docs/results.yaml names; a changed number fails."""
+    from wtnmt.analysis.paper import differences, main, make_tables
+
+    monkeypatch.chdir(ROOT)
+    assert main(["--check", "docs/RESULTS.md"]) == 0
+    document = (ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8")
+    tables = make_tables()
+    assert "39.63 ± 0.19" in tables["main"]  # the dropout-0.3 Weighted Transformer
+    changed = document.replace("| 3 | 39.63 ± 0.19 |", "| 3 | 39.64 ± 0.19 |", 1)
+    assert changed != document
+    assert differences(changed, tables) == ["main: differs from what the committed results give"]
+    assert len(document.splitlines()) <= 450, "RESULTS is to be read in fifteen minutes"

@@ -11,7 +11,14 @@ import pytest
 
 from wtnmt.analysis.metrics import RunMetrics
 from wtnmt.analysis.runs import Run
-from wtnmt.analysis.stats import incomplete_beta, permutation_test, student_t_two_sided, welch_t
+from wtnmt.analysis.stats import (
+    incomplete_beta,
+    permutation_test,
+    student_t_two_sided,
+    t_critical,
+    welch_interval,
+    welch_t,
+)
 from wtnmt.analysis.tables import seeds_test_table
 
 
@@ -57,6 +64,29 @@ def test_welch_by_hand():
     assert welch_t([2.0, 2.0], [2.0, 2.0]) == (0.0, 2.0, 1.0)
     with pytest.raises(ValueError, match="at least two values"):
         welch_t([1.0], [2.0, 3.0])
+
+
+@pytest.mark.parametrize(
+    ("df", "expected"), [(1, 12.7062047), (2, 4.30265273), (4, 2.77644511), (30, 2.04227246)]
+)
+def test_the_t_critical_value_against_tables(df, expected):
+    # Student's t quantiles at 0.975 (the standard tables); 1.96 as df grows
+    assert t_critical(df) == pytest.approx(expected, abs=1e-6)
+    assert student_t_two_sided(t_critical(df), df) == pytest.approx(0.05, abs=1e-9)
+    assert t_critical(1e7) == pytest.approx(1.959964, abs=1e-5)
+
+
+def test_welch_interval_by_hand():
+    a, b = [39.41, 39.76, 39.72], [39.98, 39.90, 39.33]
+    diff, low, high = welch_interval(a, b)
+    mean = lambda v: sum(v) / len(v)  # noqa: E731
+    var = lambda v: sum((x - mean(v)) ** 2 for x in v) / (len(v) - 1)  # noqa: E731
+    se = math.sqrt(var(a) / 3 + var(b) / 3)
+    df = se**4 / ((var(a) / 3) ** 2 / 2 + (var(b) / 3) ** 2 / 2)
+    assert diff == pytest.approx(mean(a) - mean(b))
+    assert (high - low) / 2 == pytest.approx(t_critical(df) * se)
+    assert low < 0 < high  # this pair's interval holds zero: p > 0.05
+    assert welch_t(a, b)[2] > 0.05
 
 
 def test_permutation_test_counts_splits():

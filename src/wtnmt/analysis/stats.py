@@ -71,6 +71,28 @@ def welch_t(a: list[float], b: list[float]) -> tuple[float, float, float]:
     return t, df, student_t_two_sided(t, df)
 
 
+def t_critical(df: float, level: float = 0.95) -> float:
+    """The t with two-sided p = 1 − ``level`` at ``df`` degrees of freedom (bisection on
+    ``student_t_two_sided``: 4.30 at df 2, 2.78 at df 4, 1.96 as df grows)."""
+    low, high = 0.0, 1e3
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if student_t_two_sided(mid, df) > 1 - level else (low, mid)
+    return (low + high) / 2
+
+
+def welch_interval(
+    a: list[float], b: list[float], level: float = 0.95
+) -> tuple[float, float, float]:
+    """mean(a) − mean(b) with its Welch ``level`` interval: (difference, low, high)."""
+    _, df, _ = welch_t(a, b)
+    mean_a, mean_b = sum(a) / len(a), sum(b) / len(b)
+    var_a = sum((v - mean_a) ** 2 for v in a) / (len(a) - 1)
+    var_b = sum((v - mean_b) ** 2 for v in b) / (len(b) - 1)
+    half = t_critical(df, level) * math.sqrt(var_a / len(a) + var_b / len(b))
+    return mean_a - mean_b, mean_a - mean_b - half, mean_a - mean_b + half
+
+
 def permutation_test(
     a: list[float], b: list[float], *, samples: int = 20_000, seed: int = 0
 ) -> float:
@@ -94,4 +116,11 @@ def permutation_test(
     return (hits + 1) / (samples + 1)
 
 
-__all__ = ["incomplete_beta", "permutation_test", "student_t_two_sided", "welch_t"]
+__all__ = [
+    "incomplete_beta",
+    "permutation_test",
+    "student_t_two_sided",
+    "t_critical",
+    "welch_interval",
+    "welch_t",
+]

@@ -1,0 +1,113 @@
+"""The tables of docs/RESULTS.md, made from the committed results of the runs that
+``docs/results.yaml`` names, and written into (or checked against) the document.
+
+    python -m wtnmt.analysis.paper                          # the tables, to stdout
+    python -m wtnmt.analysis.paper --write docs/RESULTS.md  # replace them in the document
+    python -m wtnmt.analysis.paper --check docs/RESULTS.md  # exit 1 where they differ
+    python -m wtnmt.analysis.paper --figures docs/figures   # draw the figures there
+
+A table lives in the document between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->``;
+everything else in it is prose, which quotes the tables. Every number comes from each run's
+``config.yaml``, ``finished.json``, ``scores.json``, ``metrics.jsonl`` and ``eval/`` as
+committed: nothing is decoded or trained here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from wtnmt.analysis.paper_tables import (
+    curve_table,
+    init_table,
+    load_curves,
+    load_settings,
+    load_tuning,
+    main_table,
+    runs_table,
+    seeds_needed,
+    sublayer_table,
+    table3_table,
+    tune_table,
+)
+
+SPEC = Path("docs/results.yaml")  # from the repository's root
+
+
+TABLES = {
+    "main": main_table,
+    "runs": runs_table,
+    "curves": curve_table,
+    "table3": table3_table,
+    "sublayers": sublayer_table,
+    "seeds-needed": seeds_needed,
+}
+
+
+def make_tables(spec: Path = SPEC) -> dict[str, str]:
+    settings = load_settings(spec)
+    return {
+        **{name: make(settings) for name, make in TABLES.items()},
+        "init": init_table(load_curves(spec)),
+        "tuning": tune_table(load_tuning(spec)),
+    }
+
+
+def _block(name: str) -> re.Pattern[str]:
+    """A table's block: its opening line, what it holds (maybe nothing), its closing line."""
+    return re.compile(
+        rf"(<!-- table:{re.escape(name)} -->\n)(.*?)\n?(<!-- /table:{re.escape(name)} -->)",
+        re.DOTALL,
+    )
+
+
+def fill(document: str, tables: dict[str, str]) -> str:
+    """``document`` with each table's block replaced by the table made now."""
+    for name, text in tables.items():
+        document = _block(name).sub(lambda m, t=text: f"{m[1]}{t}\n{m[3]}", document)
+    return document
+
+
+def differences(document: str, tables: dict[str, str]) -> list[str]:
+    """The tables whose block in ``document`` is missing or holds other numbers."""
+    found = []
+    for name, text in tables.items():
+        match = _block(name).search(document)
+        if match is None:
+            found.append(f"{name}: no <!-- table:{name} --> block")
+        elif match[2] != text:
+            found.append(f"{name}: differs from what the committed results give")
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m wtnmt.analysis.paper", description=__doc__)
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--write", type=Path, metavar="DOC", help="replace the tables in DOC")
+    group.add_argument("--check", type=Path, metavar="DOC", help="exit 1 where DOC differs")
+    parser.add_argument("--figures", type=Path, metavar="DIR", help="draw the figures into DIR")
+    parser.add_argument("--spec", type=Path, default=SPEC, help=f"the runs (default {SPEC})")
+    args = parser.parse_args(argv)
+    tables = make_tables(args.spec)
+    if args.figures is not None:
+        from wtnmt.analysis.paper_figures import make_figures
+
+        for path in make_figures(load_settings(args.spec), args.figures):
+            print(f"drew {path}", file=sys.stderr)
+    if args.write is not None:
+        args.write.write_text(fill(args.write.read_text(encoding="utf-8"), tables), "utf-8")
+        return 0
+    if args.check is not None:
+        found = differences(args.check.read_text(encoding="utf-8"), tables)
+        for line in found:
+            print(f"{args.check}: {line}", file=sys.stderr)
+        return 1 if found else 0
+    for name, text in tables.items():
+        print(f"<!-- table:{name} -->\n{text}\n<!-- /table:{name} -->\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
