@@ -132,6 +132,9 @@ def test_committed_experiments_stay_lean():
     ]
     assert not big, "over 1 MB:\n" + "\n".join(big)
     assert not heavy, "weights or HTML committed:\n" + "\n".join(heavy)
+    # curves and decodings kept compressed (python -m wtnmt.stored): the whole within 25 MB
+    total = sum(sizes.values())
+    assert total <= 25_000_000, f"experiments/ commits {total / 1e6:.1f} MB (at most 25)"
 
 
 def test_no_document_points_outside_the_repository():

@@ -17,11 +17,14 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """The entries of a metrics.jsonl in step order, as the run that survived wrote them.
 
     A run killed after its last checkpoint and resumed logs the lost steps again: when a
-    series goes back in step, the entries of the lost continuation are dropped.
+    series goes back in step, the entries of the lost continuation are dropped. Read from
+    ``metrics.jsonl.gz`` where only that is kept (``wtnmt.stored``).
     """
+    from wtnmt import stored
+
     kept: list[dict[str, Any]] = []
     last: dict[str, int] = {}  # the last step of each series
-    with open(path, "rb") as f:
+    with stored.open_lines(path) as f:
         for number, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue

@@ -17,6 +17,7 @@ from typing import Any
 
 from sacrebleu.metrics import BLEU
 
+from wtnmt import stored
 from wtnmt.analysis.metrics import mean_sd
 from wtnmt.analysis.runs import Run
 from wtnmt.decode.evaluate import moses_bleu
@@ -154,7 +155,7 @@ def score_run(
         )  # fmt: skip
 
     result = _cached(path, run_dir / weights, compute)
-    if "bleu_moses" not in result and (run_dir / result["hypotheses"]).is_file():
+    if "bleu_moses" not in result and stored.exists(run_dir / result["hypotheses"]):
         # kept from before this score existed: its hypotheses are scored again, not decoded
         from wtnmt.config import load_config
 
@@ -287,7 +288,8 @@ def branch_weight_ablation(
 
 
 def read_hypotheses(run_dir: Path, scores: dict[str, Any]) -> list[str]:
-    text = (run_dir / scores["hypotheses"]).read_text(encoding="utf-8")
+    """The hypotheses a score kept (from their ``.gz`` where only that is kept)."""
+    text = stored.read_text(run_dir / scores["hypotheses"])
     return text.split("\n")[:-1]
 
 

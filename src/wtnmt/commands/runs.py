@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from wtnmt import stored
 from wtnmt.config import (
     ConfigError,
     DataConfig,
@@ -156,7 +157,10 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     _positive("--random-seeds", args.random_seeds)
     _positive("--sentence", args.sentence, least=0)
     for run in args.runs:
-        if not (Path(run) / "metrics.jsonl").is_file() or not (Path(run) / "config.yaml").is_file():
+        if (
+            not stored.exists(Path(run) / "metrics.jsonl")
+            or not (Path(run) / "config.yaml").is_file()
+        ):
             raise ConfigError(f"{run}: not a run directory (no metrics.jsonl and config.yaml)")
     with scored_with(args.tokenize):  # every test BLEU of the report
         analyze(

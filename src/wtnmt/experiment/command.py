@@ -9,13 +9,14 @@ import math
 import sys
 from pathlib import Path
 
+from wtnmt import stored
 from wtnmt.config import ConfigError
 
 
 def _results_of(spec) -> Path:  # type: ignore[no-untyped-def]
     """Where a run's results are read: where it trained, or, that gone (a work directory left
     behind), the copy of its small results."""
-    if spec.results_dir is None or spec.run_dir.joinpath("metrics.jsonl").is_file():
+    if spec.results_dir is None or stored.exists(spec.run_dir / "metrics.jsonl"):
         return spec.run_dir
     return spec.results_dir
 
@@ -71,7 +72,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     if grid.analyze is not None:
         from wtnmt.analysis.report import analyze
 
-        runs = [d for d in map(_results_of, grid.runs) if d.joinpath("metrics.jsonl").is_file()]
+        runs = [d for d in map(_results_of, grid.runs) if stored.exists(d / "metrics.jsonl")]
         if runs:
             a = grid.analyze
             analyze(

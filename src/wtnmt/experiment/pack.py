@@ -26,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from wtnmt import stored
 from wtnmt.config import ConfigError
 from wtnmt.experiment.grid import Grid, RunSpec
 from wtnmt.experiment.plan import FINISHED, run_differences
@@ -66,11 +67,12 @@ def copy_results(spec: RunSpec) -> int:
 
 
 def _write_if_changed(target: Path, data: bytes) -> bool:
-    """Write ``data`` to ``target`` (atomically, its folder made) unless it holds them."""
-    if target.is_file() and target.read_bytes() == data:
+    """Write ``data`` to ``target`` (atomically, its folder made) unless it holds them; a
+    file kept compressed stays so (``wtnmt.stored``)."""
+    if stored.exists(target) and stored.read_bytes(target) == data:
         return False
     target.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(target, data)
+    stored.write_as_kept(target, data)
     return True
 
 
@@ -117,7 +119,7 @@ def drop_finished_curve(spec: RunSpec) -> tuple[Path, Path] | None:
         return None
     results, settings, curve = attempt
     copied = results / "metrics.jsonl"
-    if not copied.is_file() or copied.read_bytes() != curve:  # not copied (yet): keep the try
+    if not stored.exists(copied) or stored.read_bytes(copied) != curve:  # not copied yet: kept
         return None
     where = _tries_dir(results)
     number = _own_try(where, spec.name, settings, curve)
@@ -125,7 +127,7 @@ def drop_finished_curve(spec: RunSpec) -> tuple[Path, Path] | None:
         return None
     kept = _try_files(where, spec.name, number)
     for path in kept:
-        path.unlink()
+        stored.remove(path)
     return kept
 
 
@@ -159,11 +161,13 @@ def _own_try(where: Path, run: str, settings: bytes, curve: bytes) -> int | None
 
 def _tries(where: Path, run: str) -> list[int]:
     """The numbers N of the ``<run>.tryN.metrics.jsonl`` in ``where``, in order."""
-    pattern = re.compile(re.escape(run) + r"\.try(\d+)\.metrics\.jsonl")
+    pattern = re.compile(re.escape(run) + r"\.try(\d+)\.metrics\.jsonl(?:\.gz)?")
     return sorted(
-        int(found[1])
-        for path in (where.iterdir() if where.is_dir() else ())
-        if (found := pattern.fullmatch(path.name))
+        {
+            int(found[1])
+            for path in (where.iterdir() if where.is_dir() else ())
+            if (found := pattern.fullmatch(path.name))
+        }
     )
 
 
@@ -173,8 +177,8 @@ def _continues(kept: tuple[Path, Path], settings: bytes, curve: bytes) -> bool:
     return (
         config.is_file()
         and _same_settings(config.read_bytes(), settings)
-        and metrics.is_file()
-        and curve.startswith(metrics.read_bytes())
+        and stored.exists(metrics)
+        and curve.startswith(stored.read_bytes(metrics))
     )
 
 

@@ -34,12 +34,18 @@ def curve_end(metrics: Path) -> tuple[int, float] | None:
     """The last step a curve (a run's ``metrics.jsonl``, or a copy of it) logged with its
     seconds of updates, a training entry's or a validation's (the last where a run stopped
     after a validation, between two training entries); a line cut off while being written is
-    passed over. None where it logged none or cannot be read."""
+    passed over. None where it logged none or cannot be read (``.gz`` read where only that is
+    kept, ``wtnmt.stored``)."""
+    from wtnmt import stored
+
     try:
-        with open(metrics, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
-            lines = f.read().decode("utf-8", "replace").splitlines()
-    except OSError:
+        if metrics.is_file():
+            with open(metrics, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+                lines = f.read().decode("utf-8", "replace").splitlines()
+        else:
+            lines = stored.read_bytes(metrics)[-4096:].decode("utf-8", "replace").splitlines()
+    except (OSError, EOFError):
         return None
     for line in reversed(lines):
         try:

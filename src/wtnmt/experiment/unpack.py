@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from wtnmt import stored
 from wtnmt.config import ConfigError
-from wtnmt.safe_files import atomic_write
 
 
 @dataclass
@@ -88,11 +88,11 @@ def unpack(
             target = into / name
             if target.is_dir():
                 raise ConfigError(f"{target}: is a directory where {archive} has a file")
-            old = target.read_bytes() if target.is_file() else None
+            old = stored.read_bytes(target) if stored.exists(target) else None
             if old == data:
                 result.unchanged.append(target)
             elif old is None or data.startswith(old):
-                atomic_write(target, data)
+                stored.write_as_kept(target, data)
                 result.written.append(target)
             elif len(old) > len(data) and not replace_longer:
                 result.kept.append(target)
@@ -101,7 +101,7 @@ def unpack(
                     f"({len(data):,}) and does not continue it (--replace-longer takes it)"
                 )
             else:
-                atomic_write(target, data)
+                stored.write_as_kept(target, data)
                 result.replaced.append(target)
                 say(f"replaced {target}: {archive.name}'s differs")
     return result
