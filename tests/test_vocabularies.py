@@ -7,6 +7,7 @@ model is tested with the other kinds (test_onnx.py KINDS)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -214,3 +215,29 @@ def test_prepare_on_the_command_line_takes_joint_vocab_false(tmp_path, capsys):
     assert (out / "spm.src.model").is_file() and (out / "spm.tgt.model").is_file()
     assert "source and" in capsys.readouterr().out
     assert json.loads((out / "manifest.json").read_text())["options"]["joint_vocab"] is False
+
+
+def test_a_directory_prepared_before_joint_vocab_existed_stays_current(tmp_path):
+    """The key's default builds what was built before it: it is left out of the fingerprint
+    (and the manifest's options), so directories prepared before it are not rebuilt."""
+    import hashlib
+
+    from wtnmt.data.corpora import sha256_of
+    from wtnmt.data.prepare import FORMAT_VERSION, fingerprint
+
+    config = tiny_run_config(tmp_path).data
+    files = [config.train_src, config.train_tgt, config.valid_src, config.valid_tgt]
+    files += [config.test_src, config.test_tgt]
+    key, manifest = fingerprint(config, [Path(f) for f in files])
+    assert "joint_vocab" not in manifest["options"]
+    before = json.dumps(  # the key as prepare computed it before data.joint_vocab
+        {
+            "version": FORMAT_VERSION,
+            "options": manifest["options"],
+            "inputs": [(i["name"], sha256_of(i["path"])) for i in manifest["inputs"]],
+        },
+        sort_keys=True,
+    )
+    assert key == hashlib.sha256(before.encode()).hexdigest()
+    separate = tiny_run_config(tmp_path, data={"joint_vocab": False}).data
+    assert fingerprint(separate, [Path(f) for f in files])[0] != key

@@ -53,6 +53,9 @@ Pair = tuple[str, str]
 
 # options that do not change what is built
 _NOT_OPTIONS = {"prepared_dir", "corpus_dir"}
+# options added since directories were first prepared, at the value that builds what was built
+# before them: left out of the fingerprint there, so that those directories stay current
+_SINCE = {"joint_vocab": True}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +105,11 @@ def _source(config: DataConfig) -> _Source:
 
 
 def fingerprint(config: DataConfig, files: list[Path]) -> tuple[str, dict[str, Any]]:
-    options = {k: v for k, v in dataclasses.asdict(config).items() if k not in _NOT_OPTIONS}
+    options = {
+        k: v
+        for k, v in dataclasses.asdict(config).items()
+        if k not in _NOT_OPTIONS and _SINCE.get(k, object()) != v
+    }
     inputs = [{"name": p.name, "path": str(p), "sha256": sha256_of(p)} for p in files]
     key = json.dumps(
         {
