@@ -212,11 +212,15 @@ def test_results_tables_are_the_ones_the_committed_results_make(monkeypatch):
     from wtnmt.analysis.paper import differences, main, make_tables
 
     monkeypatch.chdir(ROOT)
-    assert main(["--check", "docs/RESULTS.md"]) == 0
+    assert main(["--check", "docs/RESULTS.md", "docs/RESULTS-RUNS.md"]) == 0
     document = (ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8")
+    runs = (ROOT / "docs" / "RESULTS-RUNS.md").read_text(encoding="utf-8")
     tables = make_tables()
     assert "39.63 ± 0.19" in tables["main"]  # the dropout-0.3 Weighted Transformer
     changed = document.replace("| 3 | 39.63 ± 0.19 |", "| 3 | 39.64 ± 0.19 |", 1)
     assert changed != document
-    assert differences(changed, tables) == ["main: differs from what the committed results give"]
+    assert differences([changed, runs], tables) == [
+        "main: differs from what the committed results give"
+    ]
+    assert differences([document], tables) == ["runs: no <!-- table:runs --> block"]
     assert len(document.splitlines()) <= 450, "RESULTS is to be read in fifteen minutes"

@@ -2,11 +2,11 @@
 ``docs/results.yaml`` names, and written into (or checked against) the document.
 
     python -m wtnmt.analysis.paper                          # the tables, to stdout
-    python -m wtnmt.analysis.paper --write docs/RESULTS.md  # replace them in the document
-    python -m wtnmt.analysis.paper --check docs/RESULTS.md  # exit 1 where they differ
+    python -m wtnmt.analysis.paper --write docs/RESULTS*.md  # replace them in the documents
+    python -m wtnmt.analysis.paper --check docs/RESULTS*.md  # exit 1 where they differ
     python -m wtnmt.analysis.paper --figures docs/figures   # draw the figures there
 
-A table lives in the document between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->``;
+A table lives in one of the documents between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->``;
 everything else in it is prose, which quotes the tables. Every number comes from each run's
 ``config.yaml``, ``finished.json``, ``scores.json``, ``metrics.jsonl`` and ``eval/`` as
 committed: nothing is decoded or trained here.
@@ -19,18 +19,23 @@ import re
 import sys
 from pathlib import Path
 
-from wtnmt.analysis.paper_tables import (
-    curve_table,
+from wtnmt.analysis.paper_side import (
     init_table,
     load_curves,
-    load_settings,
+    load_short,
     load_tuning,
+    pruning_table,
+    short_table,
+    tune_table,
+)
+from wtnmt.analysis.paper_tables import (
+    curve_table,
+    load_settings,
     main_table,
     runs_table,
     seeds_needed,
     sublayer_table,
     table3_table,
-    tune_table,
 )
 
 SPEC = Path("docs/results.yaml")  # from the repository's root
@@ -52,6 +57,8 @@ def make_tables(spec: Path = SPEC) -> dict[str, str]:
         **{name: make(settings) for name, make in TABLES.items()},
         "init": init_table(load_curves(spec)),
         "tuning": tune_table(load_tuning(spec)),
+        "short": short_table(load_short(spec)),
+        "pruning": pruning_table(spec),
     }
 
 
@@ -70,14 +77,15 @@ def fill(document: str, tables: dict[str, str]) -> str:
     return document
 
 
-def differences(document: str, tables: dict[str, str]) -> list[str]:
-    """The tables whose block in ``document`` is missing or holds other numbers."""
+def differences(documents: str | list[str], tables: dict[str, str]) -> list[str]:
+    """The tables whose block is in none of ``documents``, or holds other numbers in one."""
+    texts = [documents] if isinstance(documents, str) else documents
     found = []
     for name, text in tables.items():
-        match = _block(name).search(document)
-        if match is None:
+        matches = [m for document in texts if (m := _block(name).search(document))]
+        if not matches:
             found.append(f"{name}: no <!-- table:{name} --> block")
-        elif match[2] != text:
+        elif any(m[2] != text for m in matches):
             found.append(f"{name}: differs from what the committed results give")
     return found
 
@@ -85,8 +93,12 @@ def differences(document: str, tables: dict[str, str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m wtnmt.analysis.paper", description=__doc__)
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--write", type=Path, metavar="DOC", help="replace the tables in DOC")
-    group.add_argument("--check", type=Path, metavar="DOC", help="exit 1 where DOC differs")
+    group.add_argument(
+        "--write", type=Path, nargs="+", metavar="DOC", help="replace the tables in each DOC"
+    )
+    group.add_argument(
+        "--check", type=Path, nargs="+", metavar="DOC", help="exit 1 where the DOCs differ"
+    )
     parser.add_argument("--figures", type=Path, metavar="DIR", help="draw the figures into DIR")
     parser.add_argument("--spec", type=Path, default=SPEC, help=f"the runs (default {SPEC})")
     args = parser.parse_args(argv)
@@ -97,12 +109,13 @@ def main(argv: list[str] | None = None) -> int:
         for path in make_figures(load_settings(args.spec), args.figures):
             print(f"drew {path}", file=sys.stderr)
     if args.write is not None:
-        args.write.write_text(fill(args.write.read_text(encoding="utf-8"), tables), "utf-8")
+        for document in args.write:
+            document.write_text(fill(document.read_text(encoding="utf-8"), tables), "utf-8")
         return 0
     if args.check is not None:
-        found = differences(args.check.read_text(encoding="utf-8"), tables)
+        found = differences([d.read_text(encoding="utf-8") for d in args.check], tables)
         for line in found:
-            print(f"{args.check}: {line}", file=sys.stderr)
+            print(f"{' '.join(map(str, args.check))}: {line}", file=sys.stderr)
         return 1 if found else 0
     for name, text in tables.items():
         print(f"<!-- table:{name} -->\n{text}\n<!-- /table:{name} -->\n")

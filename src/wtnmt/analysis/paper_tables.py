@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from wtnmt.analysis.metrics import RunMetrics, mean_sd
+from wtnmt.analysis.metrics import mean_sd
 from wtnmt.analysis.runs import Run
 from wtnmt.analysis.stats import permutation_test, t_critical, welch_interval, welch_t
 from wtnmt.analysis.table3 import table3_by_sublayer, table3_row
@@ -28,7 +28,7 @@ class Setting:
     runs: dict[str, list[Run]]
 
 
-def _root(spec: Path) -> Path:
+def spec_root(spec: Path) -> Path:
     """The repository the spec's paths start from (it lies in its docs/)."""
     return spec.resolve().parent.parent
 
@@ -36,7 +36,7 @@ def _root(spec: Path) -> Path:
 def load_settings(spec: Path) -> list[Setting]:
     """The comparisons ``spec`` names, each run loaded from its directory."""
     values = yaml.safe_load(spec.read_text(encoding="utf-8"))
-    base = _root(spec)
+    base = spec_root(spec)
     settings = []
     for entry in values["settings"]:
         runs = {
@@ -47,26 +47,26 @@ def load_settings(spec: Path) -> list[Setting]:
 
 
 # ------------------------------------------------------------------------------- formatting
-def _f(value: float | None, digits: int = 2) -> str:
+def fmt(value: float | None, digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}".replace("-", "−")
 
 
-def _signed(value: float, digits: int = 2) -> str:
-    return ("+" if value > 0 else "") + _f(value, digits)
+def signed(value: float, digits: int = 2) -> str:
+    return ("+" if value > 0 else "") + fmt(value, digits)
 
 
-def _p(value: float) -> str:
+def fmt_p(value: float) -> str:
     return f"{value:.2g}" if value < 0.01 else f"{value:.2f}"
 
 
-def _spread(values: list[float], digits: int = 2) -> str:
+def spread(values: list[float], digits: int = 2) -> str:
     if len(values) == 1:
-        return _f(values[0], digits)
+        return fmt(values[0], digits)
     mean, sd = mean_sd(values)
-    return f"{_f(mean, digits)} ± {_f(sd, digits)}"
+    return f"{fmt(mean, digits)} ± {fmt(sd, digits)}"
 
 
-def _count(values: list[float]) -> str:
+def count(values: list[float]) -> str:
     """Updates, mean ± sd, to the nearest hundred (validations are 200 updates apart)."""
     if len(values) == 1:
         return f"{values[0]:,.0f}"
@@ -74,7 +74,7 @@ def _count(values: list[float]) -> str:
     return f"{mean:,.0f} ± {sd:,.0f}"
 
 
-def _markdown(headers: list[str], rows: list[list[str]]) -> str:
+def markdown(headers: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     return "\n".join([*lines, *("| " + " | ".join(row) + " |" for row in rows)])
 
@@ -103,11 +103,11 @@ def _compared(runs: list[Run], baseline: list[Run]) -> list[str]:
     with one seed on a side, the difference alone."""
     a, b = [test_bleu(r) for r in runs], [test_bleu(r) for r in baseline]
     if len(a) < 2 or len(b) < 2:
-        return [_signed(sum(a) / len(a) - sum(b) / len(b)) + " (one seed)", "–", "–"]
+        return [signed(sum(a) / len(a) - sum(b) / len(b)) + " (one seed)", "–", "–"]
     diff, low, high = welch_interval(a, b)
     _, _, p = welch_t(a, b)
-    interval = f"{_signed(diff)} [{_signed(low)}, {_signed(high)}]"
-    return [interval, _p(p), _p(permutation_test(a, b))]
+    interval = f"{signed(diff)} [{signed(low)}, {signed(high)}]"
+    return [interval, fmt_p(p), fmt_p(permutation_test(a, b))]
 
 
 def main_table(settings: list[Setting]) -> str:
@@ -131,11 +131,11 @@ def main_table(settings: list[Setting]) -> str:
                     label,
                     _dropout(runs),
                     str(len(runs)),
-                    _spread(bleu),
+                    spread(bleu),
                     f"{tests[0]} vs {against}" if against else "–",
                     tests[1],
                     tests[2],
-                    _count(near) if near else "–",
+                    count(near) if near else "–",
                     f"{patience}/{len(runs)}",
                 ]
             )
@@ -151,15 +151,18 @@ def main_table(settings: list[Setting]) -> str:
         "updates to best − 0.5",
         "at patience",
     ]
-    return _markdown(headers, rows)
+    return markdown(headers, rows)
 
 
 def runs_table(settings: list[Setting]) -> str:
     """Every run: where it stopped, its best dev BLEU, when it settled, its test scores."""
-    rows = []
+    rows, shown = [], set()
     for setting in settings:
         for model, label in MODELS:
             for run in setting.runs[model]:
+                if run.path in shown:  # a run two settings share: listed under the first
+                    continue
+                shown.add(run.path)
                 best = run.metrics.best_valid or {}
                 moses = run.test("bleu_moses")
                 rows.append(
@@ -168,12 +171,12 @@ def runs_table(settings: list[Setting]) -> str:
                         f"{label} {run.path.name.rsplit('-', 1)[-1]}",
                         f"`{run.path.parent.name}`",
                         f"{run.steps:,} ({run.stopped_by or '–'})",
-                        f"{_f(best.get('valid_bleu'))} ({best.get('step', 0):,})",
-                        _f(min((v["valid_loss"] for v in run.metrics.valid), default=None), 3),
-                        _count([near_best(run)]) if near_best(run) is not None else "–",
-                        _f(test_bleu(run)),
-                        _f(moses),
-                        _f(run.test("chrf")),
+                        f"{fmt(best.get('valid_bleu'))} ({best.get('step', 0):,})",
+                        fmt(min((v["valid_loss"] for v in run.metrics.valid), default=None), 3),
+                        count([near_best(run)]) if near_best(run) is not None else "–",
+                        fmt(test_bleu(run)),
+                        fmt(moses),
+                        fmt(run.test("chrf")),
                     ]
                 )
     headers = [
@@ -188,7 +191,7 @@ def runs_table(settings: list[Setting]) -> str:
         "lc Moses-token BLEU",
         "chrF",
     ]
-    return _markdown(headers, rows)
+    return markdown(headers, rows)
 
 
 def curve_table(settings: list[Setting], steps: tuple[int, ...] = (1000, 2000, 4000, 8000)) -> str:
@@ -207,9 +210,9 @@ def curve_table(settings: list[Setting], steps: tuple[int, ...] = (1000, 2000, 4
                     for v in r.metrics.valid
                     if v["step"] == step and "valid_bleu" in v
                 ]
-                cells.append(_spread(values) if len(values) == len(runs) else "–")
+                cells.append(spread(values) if len(values) == len(runs) else "–")
             rows.append([setting.name, label, *cells])
-    return _markdown(["setting", "model", *(f"at {s:,}" for s in steps)], rows)
+    return markdown(["setting", "model", *(f"at {s:,}" for s in steps)], rows)
 
 
 def table3_table(settings: list[Setting]) -> str:
@@ -229,11 +232,11 @@ def table3_table(settings: list[Setting]) -> str:
             [
                 setting.name,
                 str(len(found)),
-                _spread(learned),
-                _spread(uniform),
-                _spread([u - lr for u, lr in zip(uniform, learned, strict=True)]),
-                _spread(random),
-                _spread([r - lr for r, lr in zip(random, learned, strict=True)]),
+                spread(learned),
+                spread(uniform),
+                spread([u - lr for u, lr in zip(uniform, learned, strict=True)]),
+                spread(random),
+                spread([r - lr for r, lr in zip(random, learned, strict=True)]),
                 str(sum(len(f["random"]) for f in found)),
             ]
         )
@@ -247,7 +250,7 @@ def table3_table(settings: list[Setting]) -> str:
         "random − learned",
         "random draws",
     ]
-    return _markdown(headers, rows)
+    return markdown(headers, rows)
 
 
 def _sublayers(names: str) -> str:
@@ -273,10 +276,10 @@ def sublayer_table(settings: list[Setting]) -> str:
         columns.setdefault(f"`{run}` {kind}", {})[_sublayers(names.split(" + "))] = less
     order = sorted({row for col in columns.values() for row in col}, key=lambda r: (len(r), r))
     rows = [
-        [row, *(_signed(col[row]) if row in col else "–" for col in columns.values())]
+        [row, *(signed(col[row]) if row in col else "–" for col in columns.values())]
         for row in order
     ]
-    return _markdown(["κ, α replaced in", *columns], rows)
+    return markdown(["κ, α replaced in", *columns], rows)
 
 
 def seeds_needed(settings: list[Setting], half_width: float = 0.5) -> str:
@@ -306,66 +309,9 @@ def seeds_needed(settings: list[Setting], half_width: float = 0.5) -> str:
                     setting.name,
                     f"{label[model]} vs {label[baseline]}",
                     f"{len(a)} + {len(b)}",
-                    f"± {_f((high - low) / 2)}",
+                    f"± {fmt((high - low) / 2)}",
                     "over 1,000" if needed is None else str(needed),
                 ]
             )
     headers = ["setting", "comparison", "seeds", "95% CI ±", f"seeds a model for ± {half_width:g}"]
-    return _markdown(headers, rows)
-
-
-def load_curves(spec: Path) -> list[tuple[str, RunMetrics]]:
-    """The labelled curves of ``spec``'s ``curves`` (metrics files under experiments/)."""
-    values = yaml.safe_load(spec.read_text(encoding="utf-8"))
-    return [
-        (entry["label"], RunMetrics.from_file(_root(spec) / entry["metrics"], name=entry["label"]))
-        for entry in values.get("curves") or []
-    ]
-
-
-def init_table(
-    curves: list[tuple[str, RunMetrics]], steps: tuple[int, ...] = (600, 1000, 1400, 2000, 2400)
-) -> str:
-    """Greedy dev BLEU / dev loss of each curve at fixed updates (the initialization runs)."""
-    rows = []
-    for label, metrics in curves:
-        at = {v["step"]: v for v in metrics.valid}
-        cells = [
-            f"{_f(at[s]['valid_bleu'])} / {_f(at[s]['valid_loss'])}" if s in at else "–"
-            for s in steps
-        ]
-        rows.append([label, *cells])
-    return _markdown(["run", *(f"{s:,}" for s in steps)], rows)
-
-
-def tune_table(runs: list[Run]) -> str:
-    """The tuning runs on dev: greedy dev BLEU at its best validation, and beam 5 on dev of
-    the best checkpoint (what chose the settings) and of the mean of the last 10."""
-    rows = []
-    for run in runs:
-        scores = run.scores or {}
-        best = run.metrics.best_valid or {}
-        rows.append(
-            [
-                "Weighted" if run.weighted else "Transformer",
-                f"{run.config['model']['dropout']:g}",
-                f"{run.config['train']['peak_lr']:g}",
-                f"{_f(best.get('valid_bleu'))} ({best.get('step', 0):,})",
-                _f((scores.get("valid_best") or {}).get("bleu")),
-                _f((scores.get("valid") or {}).get("bleu")),
-            ]
-        )
-    headers = [
-        "model",
-        "dropout",
-        "peak lr",
-        "greedy dev BLEU (update)",
-        "beam 5, best checkpoint",
-        "beam 5, mean of last 10",
-    ]
-    return _markdown(headers, rows)
-
-
-def load_tuning(spec: Path) -> list[Run]:
-    values = yaml.safe_load(spec.read_text(encoding="utf-8"))
-    return [Run.load(_root(spec) / path) for path in values.get("tuning") or []]
+    return markdown(headers, rows)
