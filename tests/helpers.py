@@ -31,6 +31,19 @@ def write_pairs(directory: Path, name: str, sources: list[str]) -> tuple[Path, P
     return src, tgt
 
 
+def prepare_args(src: object, tgt: object, out: Path, *more: str) -> list[str]:
+    """`wtnmt prepare` of the xx→yy corpus ``src``/``tgt`` into ``out`` with 60 pieces,
+    then ``more`` options."""
+    return [
+        "prepare",
+        "--src", str(src), "--tgt", str(tgt),
+        "--src-lang", "xx", "--tgt-lang", "yy",
+        "--vocab-size", "60",
+        "--out", str(out),
+        *more,
+    ]  # fmt: skip
+
+
 def tiny_run_config(tmp: Path, *, n_train: int = 200, **sections):  # type: ignore[no-untyped-def]
     """A weighted-tiny run on a synthetic corpus in ``tmp``; ``sections`` override keys, e.g.
     ``train={"max_steps": 5}``."""

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import WORDS, sentence, translate
+from helpers import WORDS, prepare_args, sentence, translate
 from wtnmt.cli import main as cli
 from wtnmt.config import ConfigError, DataConfig
 from wtnmt.data import DataError, ParallelData, Vocabulary, prepare
@@ -206,25 +206,9 @@ def test_cache_reused_when_nothing_changed_and_rebuilt_on_any_change(tmp_path):
 def test_prepare_cli_prints_the_summary_and_writes_summary_json(tmp_path, capsys):
     src, tgt = write_corpus(tmp_path)
     rc = cli(
-        [
-            "prepare",
-            "--src",
-            str(src),
-            "--tgt",
-            str(tgt),
-            "--src-lang",
-            "xx",
-            "--tgt-lang",
-            "yy",
-            "--vocab-size",
-            "60",
-            "--out",
-            str(tmp_path / "o"),
-            "--set",
-            "data.valid_size=10",
-            "--set",
-            "data.test_size=10",
-        ]
+        prepare_args(
+            src, tgt, tmp_path / "o", "--set", "data.valid_size=10", "--set", "data.test_size=10"
+        )
     )
     assert rc == 0
     printed = capsys.readouterr().out

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import tiny_run_config
+from helpers import prepare_args, tiny_run_config
 from wtnmt import Translator
 from wtnmt.cli import main as cli
 from wtnmt.config import load_config
@@ -185,31 +185,14 @@ def test_prepare_on_the_command_line_takes_joint_vocab_false(tmp_path, capsys):
     config = tiny_run_config(tmp_path).data
     out = tmp_path / "cli-prepared"
     code = cli(
-        [
-            "prepare",
-            "--src",
+        prepare_args(
             config.train_src,
-            "--tgt",
             config.train_tgt,
-            "--src-lang",
-            "xx",
-            "--tgt-lang",
-            "yy",
-            "--vocab-size",
-            "60",
-            "--valid-src",
-            config.valid_src,
-            "--valid-tgt",
-            config.valid_tgt,
-            "--test-src",
-            config.test_src,
-            "--test-tgt",
-            config.test_tgt,
-            "--set",
-            "data.joint_vocab=false",
-            "--out",
-            str(out),
-        ]
+            out,
+            *("--valid-src", config.valid_src, "--valid-tgt", config.valid_tgt),
+            *("--test-src", config.test_src, "--test-tgt", config.test_tgt),
+            *("--set", "data.joint_vocab=false"),
+        )
     )
     assert code == 0
     assert (out / "spm.src.model").is_file() and (out / "spm.tgt.model").is_file()

@@ -110,35 +110,39 @@ def _compared(runs: list[Run], baseline: list[Run]) -> list[str]:
     return [interval, fmt_p(p), fmt_p(permutation_test(a, b))]
 
 
+def each_model(settings: list[Setting]):  # type: ignore[no-untyped-def]
+    """(setting, model, label, runs) of every model a setting has runs of, in table order."""
+    for setting in settings:
+        for model, label in MODELS:
+            if setting.runs[model]:
+                yield setting, model, label, setting.runs[model]
+
+
 def main_table(settings: list[Setting]) -> str:
     """Each setting's models: seeds, test BLEU, the difference from the baseline with its
     95% interval and tests, and how soon each settles."""
     rows = []
-    for setting in settings:
-        for model, label in MODELS:
-            runs = setting.runs[model]
-            if not runs:
-                continue
-            bleu = [test_bleu(r) for r in runs]
-            baseline = setting.runs.get(BASELINE.get(model, ""), [])
-            tests = _compared(runs, baseline) if baseline else ["–", "–", "–"]
-            against = {"weighted": "T", "fixed": "W"}.get(model, "")
-            near = [n for n in map(near_best, runs) if n is not None]
-            patience = sum(r.stopped_by == "patience" for r in runs)
-            rows.append(
-                [
-                    setting.name,
-                    label,
-                    _dropout(runs),
-                    str(len(runs)),
-                    spread(bleu),
-                    f"{tests[0]} vs {against}" if against else "–",
-                    tests[1],
-                    tests[2],
-                    count(near) if near else "–",
-                    f"{patience}/{len(runs)}",
-                ]
-            )
+    for setting, model, label, runs in each_model(settings):
+        bleu = [test_bleu(r) for r in runs]
+        baseline = setting.runs.get(BASELINE.get(model, ""), [])
+        tests = _compared(runs, baseline) if baseline else ["–", "–", "–"]
+        against = {"weighted": "T", "fixed": "W"}.get(model, "")
+        near = [n for n in map(near_best, runs) if n is not None]
+        patience = sum(r.stopped_by == "patience" for r in runs)
+        rows.append(
+            [
+                setting.name,
+                label,
+                _dropout(runs),
+                str(len(runs)),
+                spread(bleu),
+                f"{tests[0]} vs {against}" if against else "–",
+                tests[1],
+                tests[2],
+                count(near) if near else "–",
+                f"{patience}/{len(runs)}",
+            ]
+        )
     headers = [
         "setting",
         "model",
@@ -197,21 +201,17 @@ def runs_table(settings: list[Setting]) -> str:
 def curve_table(settings: list[Setting], steps: tuple[int, ...] = (1000, 2000, 4000, 8000)) -> str:
     """Greedy dev BLEU at fixed updates, mean ± sd over seeds: how soon each model learns."""
     rows = []
-    for setting in settings:
-        for model, label in MODELS:
-            runs = setting.runs[model]
-            if not runs:
-                continue
-            cells = []
-            for step in steps:
-                values = [
-                    v["valid_bleu"]
-                    for r in runs
-                    for v in r.metrics.valid
-                    if v["step"] == step and "valid_bleu" in v
-                ]
-                cells.append(spread(values) if len(values) == len(runs) else "–")
-            rows.append([setting.name, label, *cells])
+    for setting, _, label, runs in each_model(settings):
+        cells = []
+        for step in steps:
+            values = [
+                v["valid_bleu"]
+                for r in runs
+                for v in r.metrics.valid
+                if v["step"] == step and "valid_bleu" in v
+            ]
+            cells.append(spread(values) if len(values) == len(runs) else "–")
+        rows.append([setting.name, label, *cells])
     return markdown(["setting", "model", *(f"at {s:,}" for s in steps)], rows)
 
 

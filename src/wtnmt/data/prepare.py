@@ -46,7 +46,7 @@ from wtnmt.data.spool import spooled
 from wtnmt.data.stream import PairList, ParallelFiles, TsvFile
 from wtnmt.data.summary import split_stats
 from wtnmt.data.train_split import Selection, encode, kept_pairs, select, train_vocabularies
-from wtnmt.data.vocab import vocabularies_sha256, vocabulary_files
+from wtnmt.data.vocab import vocabularies_sha256
 
 FORMAT_VERSION = 2  # 2: dev/test ids cut to max_tokens_per_side
 Pair = tuple[str, str]
@@ -255,7 +255,6 @@ def _build(
             f"({_reasons(dropped['train'], corpus_level)}); check the training files"
         )
     vocab = train_vocabularies(train, selection, out, c, threads=workers, log=log)
-    files = [out / name for name in vocabulary_files(c.joint_vocab)]
     log(
         f"vocabulary trained ({clock.lap('vocabulary')} s); encoding {selection.kept:,} "
         f"training pairs on {workers} worker{'s' if workers > 1 else ''}"
@@ -264,7 +263,7 @@ def _build(
         train,
         selection,
         out,
-        models=(files[0], files[-1]),
+        models=(vocab.source.path, vocab.target.path),
         vocab_sizes=(len(vocab.source), len(vocab.target)),
         max_tokens=c.max_tokens_per_side,
         max_ratio=c.max_length_ratio,

@@ -78,7 +78,6 @@ def _moving(directory: Path) -> dict | None:
 
 def is_current(directory: Path, key: str) -> bool:
     """Whether ``directory`` holds a whole build of the inputs and options ``key`` names."""
-
     manifest_path = directory / "manifest.json"
     if not manifest_path.is_file():
         return False

@@ -34,10 +34,9 @@ def train_sentencepiece(
     verbose: bool = False,
 ) -> Path:
     """Train on ``sentences`` (the training side of both languages, or of one) →
-    ``<prefix>.model``: on a
-    seeded sample of ``max_sentences`` of them where there are more (SentencePiece's reservoir
-    sampling, which holds the sample, never the whole stream). ``verbose``: SentencePiece
-    logs its steps on stderr (``stderr_lines`` reads them)."""
+    ``<prefix>.model``: on a seeded sample of ``max_sentences`` of them where there are more
+    (SentencePiece's reservoir sampling, which holds the sample, never the whole stream).
+    ``verbose``: SentencePiece logs its steps on stderr (``stderr_lines`` reads them)."""
     spm.set_random_generator_seed(seed)  # the sentence sample below is drawn from it
     try:
         spm.SentencePieceTrainer.train(
@@ -150,6 +149,16 @@ def vocabulary_files(joint: bool) -> tuple[str, ...]:
     """The sentencepiece models of a prepared directory or a run: one shared by both
     languages (``data.joint_vocab``, the paper's), or the source's and the target's."""
     return ("spm.model",) if joint else ("spm.src.model", "spm.tgt.model")
+
+
+# every vocabulary file a run or a prepared directory may hold
+ALL_VOCABULARY_FILES = (*vocabulary_files(True), *vocabulary_files(False))
+
+
+def holds_joint(directory: Path) -> bool:
+    """Whether ``directory`` holds one vocabulary for both languages (else one a language):
+    what a run has, where its config is not at hand."""
+    return not (directory / vocabulary_files(False)[0]).is_file()
 
 
 def vocabularies_sha256(directory: Path, joint: bool, *, pieces: bool = True) -> str:

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import torch
 
 from wtnmt.data.corpora import sha256_of
-from wtnmt.data.vocab import vocabularies_sha256, vocabulary_files
+from wtnmt.data.vocab import holds_joint, vocabularies_sha256, vocabulary_files
 from wtnmt.export.files import (
     GRAPHS,
     META,
@@ -332,7 +332,7 @@ def read_export(directory: str | Path, run: str | Path, *, weights: str, quantiz
         raise ExportError(f"{path}: unreadable ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ExportError(f"{path}: not an export of format {FORMAT}; export again with --force")
-    joint = not (run / "spm.src.model").is_file()  # the run's vocabularies, as it has them
+    joint = holds_joint(run)
     current = {
         "weights_sha256": (run / weights, lambda: sha256_of(run / weights)),
         "vocab_sha256": (

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from safetensors.torch import save
 
+from wtnmt.data.vocab import holds_joint, vocabulary_files
 from wtnmt.errors import CheckpointError
 from wtnmt.rundir.checkpoints import list_checkpoints, load_state
 from wtnmt.rundir.files import CHECKSUM_KEY, atomic_write, read_weights, tensors_sha256
@@ -72,7 +73,7 @@ def average_run(run_dir: str | Path, out: str | Path, *, last: int) -> dict[str,
     weights = _last_checkpoints(run_dir, last)
     if not (run_dir / "config.yaml").is_file():
         raise CheckpointError(f"{run_dir}: no config.yaml there; is it a wtnmt run directory?")
-    if not any((run_dir / name).is_file() for name in ("spm.model", "spm.tgt.model")):
+    if not (run_dir / vocabulary_files(holds_joint(run_dir))[-1]).is_file():
         raise CheckpointError(f"{run_dir}: no vocabulary (spm.model) there")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"--out {out}: exists and is not empty; give a new directory")

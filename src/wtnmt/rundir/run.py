@@ -27,7 +27,7 @@ import yaml
 from wtnmt.config import ConfigError, RunConfig, config_from_dict, config_to_dict, load_config
 from wtnmt.data.corpora import sha256_of
 from wtnmt.data.io import DataError
-from wtnmt.data.vocab import Vocabularies, vocabulary_files
+from wtnmt.data.vocab import ALL_VOCABULARY_FILES, Vocabularies, vocabulary_files
 from wtnmt.errors import CheckpointError, TrainingError
 from wtnmt.rundir.checkpoints import latest_checkpoint, list_checkpoints
 from wtnmt.rundir.files import atomic_write, load_weights
@@ -98,7 +98,7 @@ class RunDirectory:
         # names for the run's own files, nothing else in a directory the user may share)
         names = [
             f".{name}.*.tmp"
-            for name in (self.config_path.name, *_ALL_VOCABULARIES, self.weights_path.name)
+            for name in (self.config_path.name, *ALL_VOCABULARY_FILES, self.weights_path.name)
         ]
         debris = [p for name in names for p in self.path.glob(name)]
         debris += self.checkpoints.glob(".step_*.tmp")
@@ -147,7 +147,7 @@ class RunDirectory:
                 f"another --out"
             )
         ours = self.config_path.is_file() and self.config_path.read_bytes().startswith(MARK)
-        vocabularies = [self.path / name for name in _ALL_VOCABULARIES]
+        vocabularies = [self.path / name for name in ALL_VOCABULARY_FILES]
         for path in (self.config_path, *vocabularies, self.weights_path):
             if path.exists() and not ours:
                 raise TrainingError(
@@ -213,9 +213,6 @@ class RunDirectory:
                 write_vocabulary(self.path / name, (data_dir / name).read_bytes())
 
 
-_ALL_VOCABULARIES = ("spm.model", "spm.src.model", "spm.tgt.model")
-
-
 def write_vocabulary(path: Path, data: bytes) -> None:
     """A run's vocabulary (spm.model, …), and its checksum beside it (NAME.sha256, checked
     when the run is loaded)."""
@@ -228,7 +225,7 @@ def write_vocabulary(path: Path, data: bytes) -> None:
 
 def copy_vocabularies(run: Path, out: Path) -> None:
     """The vocabularies of ``run`` (whichever it has), with their checksums, into ``out``."""
-    for name in _ALL_VOCABULARIES:
+    for name in ALL_VOCABULARY_FILES:
         if (run / name).is_file():
             write_vocabulary(out / name, (run / name).read_bytes())
 
