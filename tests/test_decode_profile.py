@@ -1,0 +1,46 @@
+"""benchmarks/decode_profile.py's attribution: every operator of a search charged to one part,
+the output projection told from the other products, and the model left as it was."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from test_model import batch, make
+from wtnmt.decode.search import search_batch
+from wtnmt.model import attention_math, cache, packed
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+decode_profile = pytest.importorskip("decode_profile")
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_each_operator_goes_to_one_part_and_the_model_is_left_as_it_was(beam):
+    model = make("weighted").float()  # float32: the packed products of decoding
+    src, _ = batch()
+    before = (packed.PackedLinear.__call__, torch.nn.LayerNorm.forward, cache.attention_core)
+    with decode_profile.labelled(model), profile(activities=[ProfilerActivity.CPU]) as prof:
+        search_batch(model, src, beam=beam, min_len=4, max_len=4)
+    events = prof.events()
+    parts, count = decode_profile.attribute(events)
+    assert set(parts) <= set(decode_profile.PARTS)
+    for part in ("output projection", "other linear products", "attention (QKᵀ, softmax, ·V)"):
+        assert parts[part] > 0, part
+    assert parts["encoder"] > 0 and parts["search's own operators"] > 0
+    ops = [e for e in events if not e.name.startswith(decode_profile._LABEL)]
+    assert sum(parts.values()) == pytest.approx(sum(e.self_cpu_time_total for e in ops))
+    assert 0 < count < len(ops)  # the encoder's operators are not counted
+    # the output projection is one product a step: its label appears once per step
+    projections = [e for e in events if e.name.endswith("output projection")]
+    assert len(projections) == 5  # steps 0-3 and the step that ends at max_len
+    assert (
+        packed.PackedLinear.__call__,
+        torch.nn.LayerNorm.forward,
+        cache.attention_core,
+    ) == before
+    assert attention_math.attention_core is cache.attention_core
+    assert "decode_step" not in vars(model) and "encode" not in vars(model)
