@@ -11,9 +11,11 @@ profiler, each operator's own time charged to the innermost part it ran in: the 
 the linear layers (the tied output projection apart), attention's two matmuls and softmax,
 layer normalisation, the rest of the decoder's operators (embedding, residuals, head
 split and merge, the branches' κ/α-weighted sums and their first FFN product), the search's
-own operators (log-softmax, masks, top-k, reorders) and the encoder. What the operators do
-not account for of the unprofiled step ("outside the operators") is Python and PyTorch's
-dispatch around them: the floor a native loop would remove.
+own operators (log-softmax, masks, top-k, reorders) and the encoder. The profiler slows
+the run; each part is shown as its share of the profiled run's wall time applied to the
+unprofiled step's, and what the operators leave of it ("outside the operators") is Python and
+PyTorch's dispatch around them (with the profiler's own bookkeeping, shared out the same way):
+the floor a native loop would remove.
 
 Where CTranslate2 is installed, its time per step for the same work on a Transformer of the
 same shape is printed beside (float32 and int8, loaded as decode_vs_ctranslate2.py loads it),
@@ -172,24 +174,21 @@ def main() -> None:
             decode_all(model, inputs[:2], beam)  # packs the weights, warms the allocator
             wall = statistics.median(decode_all(model, inputs, beam) for _ in range(args.rounds))
             with labelled(model), profile(activities=[ProfilerActivity.CPU]) as prof:
-                decode_all(model, inputs, beam)
+                profiled = decode_all(model, inputs, beam)
             parts, count = attribute(prof.events())
+            scale = wall / profiled / steps / 1e3  # µs of the profiled run → ms of a step
+            parts = {part: t * scale for part, t in parts.items()}
             name = f"{'int8' if quant == 'int8' else 'fp32'} b{beam}"
-            rows.append((name, wall, parts, count))
+            rows.append((name, wall / steps * 1e3, profiled / steps * 1e3, parts, count))
     quantize_decoding(model, "none")
     header = ["ms a step"] + [r[0] for r in rows]
     table = [header, ["-"] * len(header)]
-    table.append(["wall, unprofiled"] + [f"{r[1] / steps * 1e3:.3f}" for r in rows])
+    table.append(["wall, unprofiled"] + [f"{r[1]:.3f}" for r in rows])
+    table.append(["wall, profiled"] + [f"{r[2]:.3f}" for r in rows])
     for part in PARTS:
-        table.append([part] + [f"{r[2].get(part, 0.0) / steps / 1e3:.3f}" for r in rows])
-    ops = [sum(r[2].values()) / steps / 1e3 for r in rows]
-    table.append(["operators in all"] + [f"{o:.3f}" for o in ops])
-    # each operator's profiled time carries some of the profiler's own: a lower bound
-    table.append(
-        ["outside the operators (at least)"]
-        + [f"{r[1] / steps * 1e3 - o:.3f}" for r, o in zip(rows, ops, strict=True)]
-    )
-    table.append(["operators a step, encoder aside"] + [f"{r[3] / steps:.0f}" for r in rows])
+        table.append([part] + [f"{r[3].get(part, 0.0):.3f}" for r in rows])
+    table.append(["outside the operators"] + [f"{r[1] - sum(r[3].values()):.3f}" for r in rows])
+    table.append(["operators a step, encoder aside"] + [f"{r[4] / steps:.0f}" for r in rows])
     if ctranslate2 is not None and args.model.startswith(("weighted", "transformer")):
         shape = build_model(
             load_config(args.model.replace("weighted", "transformer")).model, vocab_size=vocab
