@@ -169,3 +169,55 @@ def test_the_prepare_log_says_the_kept_count_its_table_says(tmp_path):
     line = next(s for s in said if "training pairs kept" in s)
     assert f"{kept:,} training pairs kept" in line
     assert not any(" kept (" in s for s in said)  # no earlier count called kept
+
+
+def _prepare_with_stdin(argv: list[str], **kw) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
+    program = "import sys; from wtnmt.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run(
+        [sys.executable, "-c", program, *argv], capture_output=True, timeout=120, **kw
+    )
+
+
+def test_a_missing_file_is_refused_before_standard_input_is_read(tmp_path):
+    """--src missing, --tgt -: the missing file is named and what was piped in is left
+    unread (the spool never starts)."""
+    done = _prepare_with_stdin(
+        _prepare_args(tmp_path / "nope.src", Path("-"), str(tmp_path / "out")), input=b"x\n"
+    )
+    assert done.returncode == 2
+    err = done.stderr.decode()
+    assert err.count("\n") == 1 and "nope.src: no such file" in err, err
+    assert "(a stream)" not in err and not list(tmp_path.glob(".out.spool.tmp-*"))
+
+
+def test_standard_input_for_two_inputs_is_one_line_naming_both(tmp_path):
+    done = _prepare_with_stdin(
+        _prepare_args(Path("-"), Path("-"), str(tmp_path / "out")), input=b"x\n"
+    )
+    assert done.returncode == 2
+    err = done.stderr.decode()
+    assert err.count("\n") == 1, err
+    assert "data.train_src and data.train_tgt both read standard input (-)" in err
+
+
+def test_a_closed_standard_input_is_one_line(tmp_path):
+    src, _ = write_corpus(tmp_path)
+    argv = _prepare_args(src, Path("-"), str(tmp_path / "out"))
+    done = _prepare_with_stdin(argv, preexec_fn=lambda: os.close(0))  # as `<&-` leaves it
+    assert done.returncode == 2
+    err = done.stderr.decode()
+    assert "-: standard input is closed" in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_standard_input_without_a_descriptor_is_read_from_its_buffer(tmp_path, monkeypatch):
+    """As under a test runner's capture, or an embedding program's replaced sys.stdin."""
+    import io
+
+    src, tgt = write_corpus(tmp_path)
+    fake = io.TextIOWrapper(io.BytesIO(tgt.read_bytes()), encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", fake)
+    assert cli(_prepare_args(src, Path("-"), str(tmp_path / "dash"))) == 0
+    assert cli(_prepare_args(src, tgt, str(tmp_path / "files"))) == 0
+    for name in ("train.tgt.npy", "valid.yy", "test.yy"):
+        assert (tmp_path / "dash" / name).read_bytes() == (tmp_path / "files" / name).read_bytes()

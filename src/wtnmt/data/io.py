@@ -23,6 +23,12 @@ class DataError(ValueError):
     """Input data that cannot be used as it is: the message says which file and where."""
 
 
+def no_such_file(path: Path) -> DataError:
+    """The error for an input that is not there, with the directory a relative path meant."""
+    where = "" if path.is_absolute() else f" in {Path.cwd()} (the working directory)"
+    return DataError(f"{path}: no such file{where}")
+
+
 def decode_lines(data: bytes, name: str, *, first_line: int = 1, first_byte: int = 0) -> list[str]:
     """UTF-8 bytes → lines. Invalid UTF-8, or a NUL byte, raises DataError naming the line
     (and the byte offset; counted from ``first_line`` and ``first_byte`` when ``data`` is a
@@ -207,6 +213,7 @@ __all__ = [
     "DataError",
     "chunked_lines",
     "decode_lines",
+    "no_such_file",
     "open_binary",
     "read_bytes",
     "read_lines",

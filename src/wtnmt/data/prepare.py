@@ -32,7 +32,7 @@ from wtnmt.config import DataConfig
 from wtnmt.data.clean import drop_empty_and_duplicates
 from wtnmt.data.corpora import locate_corpus, sha256_of
 from wtnmt.data.dataset import write_ids
-from wtnmt.data.io import DataError, read_parallel
+from wtnmt.data.io import DataError, no_such_file, read_parallel
 from wtnmt.data.prepared_dir import (
     SPLITS,
     check_output_directory,
@@ -92,8 +92,7 @@ def _source(config: DataConfig) -> _Source:
 
     for path in files:
         if not path.is_file():
-            where = "" if path.is_absolute() else f" in {Path.cwd()} (the working directory)"
-            raise DataError(f"{path}: no such file{where}")
+            raise no_such_file(path)
     # dev or test files not given: that split is held out of train by unique source sentence
     missing = "valid" not in readers or "test" not in readers
     return _Source(
