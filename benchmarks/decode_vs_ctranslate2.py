@@ -33,7 +33,8 @@ the threads. Then both engines with 2 workers of one thread each, every worker d
 own batches (`translate --workers 2`; CTranslate2's inter_threads=2, intra_threads=1), each
 ratio "x2" taken against CTranslate2 in that same configuration. The last two lines read
 `vs CT2, 1 process: WT fp32/CT2 fp32 beam5 A greedy B  best WT/CT2 int8 beam5 C greedy D` and
-the same with 2 workers each.
+the same with 2 workers each (left out with ``--threads 1``: there is no thread for a second
+worker).
 
 The ONNX Runtime engine (`--engine onnxruntime`): the same two wtnmt models exported to ONNX
 (float32, and int8 by ONNX Runtime's dynamic quantisation), searched by wtnmt's own greedy and
@@ -227,7 +228,8 @@ def main() -> None:
         del translator
         gc.collect()
         ct2_inputs = as_tokens(inputs, tokens)
-        pools = {  # started (and their models built) before any timing
+        pools = {  # started (and their models built) before any timing; with fewer
+            # threads than workers there is no two-worker configuration to measure
             p: SearchWorkers(
                 models["weighted"],
                 model_config=load_config("weighted-small").model,
@@ -236,6 +238,7 @@ def main() -> None:
                 threads=args.threads // WORKERS,
             )
             for p in ("fp32", "int8")
+            if args.threads >= WORKERS
         }
         for pool in pools.values():
             run_wtnmt(pool, inputs[: 2 * WORKERS], 5)
@@ -264,17 +267,23 @@ ENTRIES = [
 WORKERS = 2
 
 
+def entries(threads: int) -> list[str]:
+    """The entries timed: the two-worker ones only where each worker gets a thread."""
+    return [e for e in ENTRIES if threads >= WORKERS or not e.endswith(" x2")]
+
+
 def timed_rounds(args, models, quantized, pools, paths, inputs, ct2_inputs, expected):  # type: ignore[no-untyped-def]
     """{(entry, beam): [output tokens/s of each round]}, the entries interleaved group by
     group (see the module docstring)."""
     groups = [range(i, min(i + args.group, len(inputs))) for i in range(0, len(inputs), args.group)]
     rates: dict[tuple[str, int], list[float]] = {}
+    timed = entries(args.threads)
     for r in range(args.rounds):
-        seconds = dict.fromkeys(((e, b) for e in ENTRIES for b in (1, 5)), 0.0)
+        seconds = dict.fromkeys(((e, b) for e in timed for b in (1, 5)), 0.0)
         counts = dict.fromkeys(seconds, 0)
         for g, group in enumerate(groups):
-            shift = (r * len(groups) + g) % len(ENTRIES)
-            for entry in ENTRIES[shift:] + ENTRIES[:shift]:
+            shift = (r * len(groups) + g) % len(timed)
+            for entry in timed[shift:] + timed[:shift]:
                 translator = pool = model = None
                 engine, *what, last = entry.split()
                 workers = WORKERS if last == "x2" else 1
@@ -322,7 +331,7 @@ def report(rates: dict[tuple[str, int], list[float]], args: argparse.Namespace) 
           "ratios to CTranslate2 (median of the rounds' ratios, lowest–highest):")  # fmt: skip
     print(f"  {'entry':24s} {'greedy':>7s} {'beam 5':>7s}   ×CT2 f32 greedy / beam 5"
           "            ×CT2 int8 greedy / beam 5")  # fmt: skip
-    for entry in ENTRIES:
+    for entry in entries(args.threads):
         x2 = " x2" if entry.endswith(" x2") else ""  # against CTranslate2 with as many workers
         cells = [
             span(ratios(entry, b, base + x2))
@@ -344,7 +353,8 @@ def report(rates: dict[tuple[str, int], list[float]], args: argparse.Namespace) 
             f"{span(ct2['fp32', 5])}; int8/CT2 int8 greedy {span(ct2['int8', 1])} beam5 "
             f"{span(ct2['int8', 5])}"
         )
-    for x2, label in (("", "1 process"), (" x2", f"{WORKERS} workers each")):
+    configurations = [("", "1 process"), (" x2", f"{WORKERS} workers each")]
+    for x2, label in configurations[: 2 if args.threads >= WORKERS else 1]:
         best = {  # the faster of wtnmt's two modes, round by round
             b: [max(x, y) for x, y in zip(ratios(f"wtnmt weighted fp32{x2}", b, f"ct2 int8{x2}"),
                                           ratios(f"wtnmt weighted int8{x2}", b, f"ct2 int8{x2}"),
