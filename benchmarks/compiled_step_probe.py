@@ -33,13 +33,9 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from decode_speed import LENGTH, batches
-from train_speed import ROOT, build_data
-from wtnmt.config import load_config
-from wtnmt.data import ParallelData
+from decode_speed import LENGTH, protocol_arguments, protocol_setup
 from wtnmt.decode.search import _constrain, greedy_search, row_argmax
-from wtnmt.model import attention_math, build_model, speed
-from wtnmt.runtime import machine_line, tune_cpu_allocator
+from wtnmt.model import attention_math, speed
 from wtnmt.special import BOS
 
 
@@ -120,20 +116,10 @@ def static_greedy(model, step, src: Tensor, length: int) -> tuple[list[list[int]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
-    parser.add_argument("--work", type=Path, default=ROOT / "bench-data")
-    parser.add_argument("--model", default="weighted-small")
-    parser.add_argument("--limit", type=int, default=256, help="test sentences to decode")
+    protocol_arguments(parser, limit=256)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    tune_cpu_allocator()
-    vocab = build_data(args.bench_dir, args.work)
-    inputs = batches(ParallelData(args.work / "prepared", "test"), args.limit, 32)
-    torch.manual_seed(0)
-    model = build_model(load_config(args.model).model, vocab_size=vocab).eval()
-    print(f"{machine_line()}; {args.model}, {args.limit} sentences, batches of 32", flush=True)
+    model, inputs = protocol_setup(args)
     inductor_config.freezing = True  # weights are constants: folded and packed once
     compiled = torch.compile(step_function(model), dynamic=True)
 

@@ -43,13 +43,10 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from decode_speed import LENGTH, batches
-from train_speed import ROOT, build_data
+from decode_speed import LENGTH, protocol_arguments, protocol_setup
 from wtnmt.config import load_config
-from wtnmt.data import ParallelData
 from wtnmt.decode.search import search_batch
 from wtnmt.model import attention_math, build_model, cache, packed, quantize_decoding
-from wtnmt.runtime import machine_line, tune_cpu_allocator
 
 STEPS = LENGTH + 1  # 24 tokens, then the step that ends them
 PARTS = (
@@ -152,20 +149,10 @@ def ct2_step_ms(model, inputs, rounds: int, threads: int) -> dict[str, float]:  
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
-    parser.add_argument("--work", type=Path, default=ROOT / "bench-data")
-    parser.add_argument("--model", default="weighted-small")
-    parser.add_argument("--limit", type=int, default=256, help="test sentences to decode")
+    protocol_arguments(parser, limit=256)
     parser.add_argument("--rounds", type=int, default=3, help="unprofiled rounds (median)")
-    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    tune_cpu_allocator()
-    vocab = build_data(args.bench_dir, args.work)
-    inputs = batches(ParallelData(args.work / "prepared", "test"), args.limit, 32)
-    torch.manual_seed(0)
-    model = build_model(load_config(args.model).model, vocab_size=vocab).eval()
-    print(f"{machine_line()}; {args.model}, {args.limit} sentences, batches of 32")
+    model, inputs = protocol_setup(args)
     steps = len(inputs) * STEPS
     rows = []
     for quant in ("none", "int8"):
@@ -191,7 +178,8 @@ def main() -> None:
     table.append(["operators a step, encoder aside"] + [f"{r[4] / steps:.0f}" for r in rows])
     if ctranslate2 is not None and args.model.startswith(("weighted", "transformer")):
         shape = build_model(
-            load_config(args.model.replace("weighted", "transformer")).model, vocab_size=vocab
+            load_config(args.model.replace("weighted", "transformer")).model,
+            vocab_size=model.embedding.weight.size(0),
         ).eval()
         ct2 = ct2_step_ms(shape, inputs, args.rounds, args.threads)
         table.append(

@@ -56,16 +56,35 @@ def batches(
     return out
 
 
-def setup(bench_dir: Path, work: Path) -> tuple[torch.nn.Module, ParallelData]:
-    """2 threads, the allocator as `wtnmt translate` sets it, the benchmark's test split and
-    the `small` Weighted Transformer with random seeded weights."""
-    torch.set_num_threads(2)
+def setup(
+    bench_dir: Path, work: Path, *, threads: int = 2, preset: str = "weighted-small"
+) -> tuple[torch.nn.Module, ParallelData]:
+    """The threads, the allocator as `wtnmt translate` sets it, the benchmark's test split and
+    the ``preset`` model (the `small` Weighted Transformer) with random seeded weights."""
+    torch.set_num_threads(threads)
     tune_cpu_allocator()
     vocab = build_data(bench_dir, work)
     data = ParallelData(work / "prepared", "test")
     torch.manual_seed(0)
-    model = build_model(load_config("weighted-small").model, vocab_size=vocab).eval()
+    model = build_model(load_config(preset).model, vocab_size=vocab).eval()
     return model, data
+
+
+def protocol_arguments(parser: argparse.ArgumentParser, limit: int) -> None:
+    """The options of the scripts that decode this protocol's batches with one preset."""
+    parser.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
+    parser.add_argument("--work", type=Path, default=ROOT / "bench-data")
+    parser.add_argument("--model", default="weighted-small", help="the preset decoded")
+    parser.add_argument("--limit", type=int, default=limit, help="test sentences to decode")
+    parser.add_argument("--threads", type=int, default=2)
+
+
+def protocol_setup(args: argparse.Namespace) -> tuple[torch.nn.Module, list[torch.Tensor]]:
+    """The model and its batches of 32 for ``protocol_arguments``' options, the machine line
+    printed."""
+    model, data = setup(args.bench_dir, args.work, threads=args.threads, preset=args.model)
+    print(f"{machine_line()}; {args.model}, {args.limit} sentences, batches of 32", flush=True)
+    return model, batches(data, args.limit, 32)
 
 
 def run(model, inputs, *, beam: int, use_cache: bool) -> tuple[float, int]:  # type: ignore[no-untyped-def]
