@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""Does the greedy loop run faster outside Python? A probe for the native engine.
+
+    python benchmarks/scripted_loop_probe.py [--limit 256] [--rounds 3] [--threads 2]
+
+decode_profile.py finds about 1.5 ms of a greedy int8 step's 3.9 ms outside the operators:
+Python and its dispatch around ~230 calls into PyTorch a step. This probe runs the same
+operators, in the same order and on the same packed weights (oneDNN's float32 packing, FBGEMM's
+int8 one), from TorchScript's interpreter, which runs in C++: the whole greedy search of the
+`weighted-small` Weighted Transformer (post-norm, multi-head decoder self-attention, branched
+cross-attention with split FFNs, κ and α folded into the weights as the engine folds them),
+the encoder and the cross-attention keys and values being the engine's own. So its time
+against the engine's is what leaving Python is worth, with the kernels unchanged.
+
+The protocol of decode_speed.py: the synthetic test sentences sorted by length, batches of 32,
+exactly 24 output tokens, random seeded weights; float32 and int8, the scripted search and
+``greedy_search`` alternating over ``--rounds`` rounds. Prints the tokens identical to the
+engine's, the largest score difference, each time and the ratio; the last lines read
+`scripted/eager greedy PRECISION R (lowest–highest)`. Where CTranslate2 is installed, its greedy
+search of the same batches on a Transformer of the same shape is timed after (not interleaved:
+a rough ratio), and both wtnmt searches are given as ratios to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+try:  # before torch, as decode_vs_ctranslate2.py loads it
+    import ctranslate2
+except ImportError:  # pragma: no cover - optional
+    ctranslate2 = None
+
+import torch
+from torch import Tensor
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from decode_profile import STEPS, ct2_step_ms
+from decode_speed import LENGTH, protocol_arguments, protocol_setup
+from wtnmt.config import load_config
+from wtnmt.decode.search import greedy_search
+from wtnmt.model import build_model, quantize_decoding
+from wtnmt.model.packed import int8_reduce_range
+from wtnmt.special import BOS, EOS, PAD
+
+Int8Params = torch.classes.quantized.LinearPackedParamsBase  # type: ignore[attr-defined]
+
+
+def linear(
+    x: Tensor,
+    i: int,
+    float32: list[Tensor],
+    biases: list[Tensor | None],
+    int8: list[Int8Params],
+    reduce_range: bool,
+) -> Tensor:
+    """The i-th product as PackedLinear computes it: FBGEMM's int8 (bias packed in) where
+    ``int8`` holds the packed weights, else oneDNN's packed float32 product."""
+    if len(int8) > 0:
+        return torch.ops.quantized.linear_dynamic(x, int8[i], reduce_range)
+    scalars: list[float | int | complex | None] = []  # the schema's Scalar?[]
+    return torch.ops.mkldnn._linear_pointwise(x, float32[i], biases[i], "none", scalars, "")
+
+
+def greedy(
+    embedding: Tensor,
+    scale: float,
+    table: Tensor,
+    norms: list[Tensor],
+    ffn: list[Tensor],
+    cross: list[Tensor],
+    float32: list[Tensor],
+    biases: list[Tensor | None],
+    int8: list[Int8Params],
+    reduce_range: bool,
+    heads: int,
+    length: int,
+    bos: int,
+    eos: int,
+    pad: int,
+) -> tuple[Tensor, Tensor]:
+    """Greedy search of exactly ``length`` tokens, then EOS: the tokens [B, length] and the
+    summed log-probabilities [B]. Per layer i: products 4i … 4i+3 (self-attention's QKV and
+    output, cross-attention's queries, the branches' tail), norms 2i, 2i+1 (weight, bias
+    each), ffn[2i], ffn[2i+1] (W_i = κ_i W^{O_i} W1_i and b1), cross[3i … 3i+2] (keys ×1/√Dk,
+    values, padding bias); the output projection last."""
+    layers = len(ffn) // 2
+    b = cross[0].size(1)
+    d = embedding.size(1)
+    dk = d // heads
+    self_k: list[Tensor] = []
+    self_v: list[Tensor] = []
+    for _ in range(layers):
+        self_k.append(torch.zeros(heads * b, length + 1, dk))
+        self_v.append(torch.zeros(heads * b, length + 1, dk))
+    tokens = torch.full([b], bos, dtype=torch.long)
+    chosen: list[Tensor] = []
+    best: list[Tensor] = []
+    for t in range(length + 1):
+        x = torch.embedding(embedding, tokens) * scale + table[t]  # [B, D]
+        for i in range(layers):
+            # masked self-attention: this step's keys and values appended, each query
+            # against its own prefix (greedy: one hypothesis a sentence)
+            qkv = linear(x, 4 * i, float32, biases, int8, reduce_range)
+            qkv = qkv.view(b, 3, heads, dk).permute(1, 2, 0, 3)  # [3, H, B, Dk]
+            q = qkv[0].reshape(heads * b, 1, dk)
+            self_k[i][:, t] = qkv[1].reshape(heads * b, dk) * dk**-0.5
+            self_v[i][:, t] = qkv[2].reshape(heads * b, dk)
+            keys, values = self_k[i][:, : t + 1], self_v[i][:, : t + 1]
+            probs = torch.bmm(q, keys.transpose(1, 2)).softmax(dim=-1)
+            h = torch.bmm(probs, values).view(heads, b, dk).permute(1, 0, 2).reshape(b, d)
+            out = linear(h, 4 * i + 1, float32, biases, int8, reduce_range)
+            x = torch.layer_norm(x + out, [d], norms[4 * i], norms[4 * i + 1])
+            # branched cross-attention: each branch's head through its own FFN_i
+            q = linear(x, 4 * i + 2, float32, biases, int8, reduce_range)
+            q = q.view(b, heads, dk).transpose(0, 1).reshape(heads * b, 1, dk)
+            k, v, bias = cross[3 * i], cross[3 * i + 1], cross[3 * i + 2]
+            s = k.size(2)
+            scores = torch.baddbmm(bias, q, k.view(heads * b, s, dk).transpose(1, 2))
+            h = torch.bmm(scores.softmax(dim=-1), v.view(heads * b, s, dk))  # [H·B, 1, Dk]
+            hid = torch.baddbmm(ffn[2 * i + 1][:, None, :], h.view(heads, b, dk), ffn[2 * i])
+            concat = hid.relu_().permute(1, 0, 2).reshape(b, -1)
+            out = linear(concat, 4 * i + 3, float32, biases, int8, reduce_range)
+            x = torch.layer_norm(x + out, [d], norms[4 * i + 2], norms[4 * i + 3])
+        logits = linear(x, 4 * layers, float32, biases, int8, reduce_range)
+        lprobs = torch.log_softmax(logits, dim=-1)
+        lprobs[:, pad] = float("-inf")
+        lprobs[:, bos] = float("-inf")
+        if t < length:
+            lprobs[:, eos] = float("-inf")
+        else:
+            lprobs.fill_(float("-inf"))
+            lprobs[:, eos] = 0.0
+        tokens = lprobs.argmax(dim=1)
+        chosen.append(tokens)
+        best.append(lprobs.gather(1, tokens[:, None])[:, 0])
+    return torch.stack(chosen, 1)[:, :-1], torch.stack(best, 1).sum(1)
+
+
+def weights(model) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """The model's weights as the scripted search takes them, after the engine packed them
+    (one eager decode first): the same packed copies, so the same products."""
+    float32: list[Tensor] = []
+    biases: list[Tensor | None] = []
+    int8: list[Any] = []
+    norms: list[Tensor] = []
+    ffn: list[Tensor] = []
+    for layer in model.decoder_layers:
+        branched = layer.cross_attn
+        kappa, alpha = branched.branch_weights()
+        w, _, b2 = branched._fused_weights(kappa, alpha)
+        proj = layer.self_attn.attn.proj
+        products = [
+            (proj._qkv, None),
+            (layer.self_attn._out, None),
+            (branched.attn.proj._q, None),
+            (branched._tail, b2),
+        ]
+        for packed, bias in products:
+            (int8 if packed.int8 else float32).append(packed._packed)
+            biases.append(bias)
+        for res in (layer.self_attn_res, layer.cross_attn_res):
+            norms += [res.norm.weight.detach(), res.norm.bias.detach()]
+        ffn += [w.detach(), branched.b1.detach()]
+    output = model.embedding._output
+    (int8 if output.int8 else float32).append(output._packed)
+    biases.append(None)
+    return {
+        "embedding": model.embedding.weight.detach(),
+        "scale": model.embedding.scale,
+        "table": model.positions.table,
+        "norms": norms,
+        "ffn": ffn,
+        "float32": float32,
+        "biases": biases,
+        "int8": int8,
+        "reduce_range": int8_reduce_range(),
+        "heads": model.decoder_layers[0].self_attn.attn.heads,
+    }
+
+
+@torch.inference_mode()
+def scripted_search(model, search, packed: dict[str, Any], src: Tensor):  # type: ignore[no-untyped-def]
+    cache = model.init_cache(model.encode(src))  # the engine's encoder and cross keys
+    cross: list[Tensor] = []
+    for c in cache.layers:
+        h, b, s, _ = c.cross_k.shape
+        bias = c.cross_bias if c.cross_bias is not None else c.cross_k.new_zeros(h * b, 1, s)
+        cross += [c.cross_k, c.cross_v, bias]
+    return search(cross=cross, length=LENGTH, bos=BOS, eos=EOS, pad=PAD, **packed)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    protocol_arguments(parser, limit=256)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    if args.model != "weighted-small":
+        sys.exit("scripted_loop_probe.py: the scripted search is weighted-small's layers only")
+    model, inputs = protocol_setup(args)
+    search = torch.jit.script(greedy)
+
+    def eager() -> tuple[float, list]:  # type: ignore[type-arg]
+        start = time.perf_counter()
+        found = [greedy_search(model, src, min_len=LENGTH, max_len=LENGTH) for src in inputs]
+        return time.perf_counter() - start, found
+
+    ct2 = {}
+    if ctranslate2 is not None:
+        shape = build_model(
+            load_config("transformer-small").model, vocab_size=model.embedding.weight.size(0)
+        ).eval()
+        ct2 = ct2_step_ms(shape, inputs, args.rounds, args.threads)
+    for precision in ("none", "int8"):
+        quantize_decoding(model, precision)
+        eager()  # packs the weights
+        packed = weights(model)
+        scripted_search(model, search, packed, inputs[0])  # the interpreter's warm-up
+
+        def scripted(packed: dict[str, Any] = packed) -> tuple[float, list]:  # type: ignore[type-arg]
+            start = time.perf_counter()
+            found = [scripted_search(model, search, packed, src) for src in inputs]
+            return time.perf_counter() - start, found
+
+        times: dict[str, list[float]] = {"eager": [], "scripted": []}
+        for _ in range(args.rounds):
+            te, want = eager()
+            ts, got = scripted()
+            times["eager"].append(te)
+            times["scripted"].append(ts)
+        same = total = 0
+        worst = 0.0
+        for hyps, (tokens, scores) in zip(want, got, strict=True):
+            for h, toks, score in zip(hyps, tokens.tolist(), scores.tolist(), strict=True):
+                total += 1
+                same += h.tokens == toks
+                worst = max(worst, abs(h.score - score))
+        name = "int8" if precision == "int8" else "float32"
+        print(
+            f"{name}: tokens identical to the engine's {same} of {total}, largest score "
+            f"difference {worst:.2g}; eager {statistics.median(times['eager']):.3f} s, "
+            f"scripted {statistics.median(times['scripted']):.3f} s (medians)"
+        )
+        ratios = [e / s for e, s in zip(times["eager"], times["scripted"], strict=True)]
+        print(
+            f"scripted/eager greedy {name} {statistics.median(ratios):.2f} "
+            f"({min(ratios):.2f}–{max(ratios):.2f})",
+            flush=True,
+        )
+        if ct2:
+            theirs = ct2[f"{name} b1"] * len(inputs) * STEPS / 1e3  # seconds, all batches
+            print(
+                f"against CTranslate2 {name} greedy ({theirs:.3f} s): eager "
+                f"{theirs / statistics.median(times['eager']):.2f}, scripted "
+                f"{theirs / statistics.median(times['scripted']):.2f}"
+            )
+    quantize_decoding(model, "none")
+
+
+if __name__ == "__main__":
+    main()
