@@ -44,3 +44,34 @@ def test_each_operator_goes_to_one_part_and_the_model_is_left_as_it_was(beam):
     ) == before
     assert attention_math.attention_core is cache.attention_core
     assert "decode_step" not in vars(model) and "encode" not in vars(model)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("precision", ["none", "int8"])
+def test_the_scripted_loop_probe_computes_the_engines_translations_bit_for_bit(precision):
+    """benchmarks/scripted_loop_probe.py's TorchScript search over the engine's own packed
+    weights: the same tokens and the same summed log-probabilities, to the bit (the probe's
+    timing is only worth reading while this holds)."""
+    probe = pytest.importorskip("scripted_loop_probe")
+    from wtnmt.decode.search import greedy_search
+    from wtnmt.model import quantize_decoding
+    from wtnmt.special import BOS, EOS, PAD
+
+    model = make("weighted").float()  # post-norm, multi-head self-attention, split FFNs
+    quantize_decoding(model, precision)
+    src, _ = batch()
+    length = 5
+    want = greedy_search(model, src, min_len=length, max_len=length)  # packs the weights
+    search = torch.jit.script(probe.greedy)
+    with torch.inference_mode():  # (with gradients the encoder would multiply in float32)
+        cache = model.init_cache(model.encode(src))
+        cross = []
+        for c in cache.layers:
+            h, b, s, _ = c.cross_k.shape
+            bias = c.cross_bias if c.cross_bias is not None else c.cross_k.new_zeros(h * b, 1, s)
+            cross += [c.cross_k, c.cross_v, bias]
+        tokens, scores = search(
+            cross=cross, length=length, bos=BOS, eos=EOS, pad=PAD, **probe.weights(model)
+        )
+    assert tokens.tolist() == [h.tokens for h in want]
+    assert scores.tolist() == [h.score for h in want]
