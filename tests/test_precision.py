@@ -117,3 +117,48 @@ def test_a_grid_asking_bf16_of_a_cpu_that_emulates_it_is_warned_of(tmp_path, mon
         else:
             assert len(warnings) == 1 and warnings[0].endswith("(half-s1)")
             assert warnings[0].startswith(f"{path}: warning: train.precision bf16")
+
+
+def test_a_resumed_auto_run_keeps_what_auto_chose_and_ends_as_one_never_stopped(
+    tmp_path, monkeypatch
+):
+    """On a CPU with native bf16 where the measurement finds float32 faster, a run stopped and
+    resumed must go on in float32: the checkpoint records the choice (the config only says
+    "auto", which the resume resolved to bf16 afresh: a different run, found by the kill soak
+    on such a CPU). It ends with the uninterrupted run's weights, bit for bit."""
+    from wtnmt import runtime
+    from wtnmt.train import precision_probe
+
+    monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(
+        precision_probe, "time_precisions", lambda *a, **k: {"fp32": 0.2, "bf16": 0.4}
+    )
+    straight = tiny_run_config(tmp_path, train={"precision": "auto", "max_steps": 4})
+    whole = Trainer(straight, tmp_path / "whole", **QUIET)
+    assert whole.precision == "fp32"
+    whole.run()
+    half = tiny_run_config(tmp_path, train={"precision": "auto", "max_steps": 2})
+    Trainer(half, tmp_path / "stopped", **QUIET).run()
+    resumed = Trainer(straight, tmp_path / "stopped", resume=True, **QUIET)
+    assert resumed.precision == "fp32"
+    resumed.run()
+    for a, b in zip(whole.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_checkpoint_of_auto_without_its_choice_is_resumed_with_a_warning(tmp_path, monkeypatch):
+    """Checkpoints written before the choice was recorded: the resume says it cannot know."""
+    from wtnmt.rundir import latest_checkpoint
+
+    config = tiny_run_config(tmp_path, train={"precision": "auto", "max_steps": 2})
+    Trainer(config, tmp_path / "run", **QUIET).run()
+    path, _ = latest_checkpoint(tmp_path / "run" / "checkpoints", warn=lambda _: None)
+    saved = torch.load(path, weights_only=False)
+    del saved["precision"]
+    torch.save(saved, path)
+    longer = tiny_run_config(tmp_path, train={"precision": "auto", "max_steps": 3})
+    Trainer(longer, tmp_path / "run", resume=True, **QUIET).run()
+    assert (
+        "does not record the precision train.precision=auto chose"
+        in (tmp_path / "run" / "train.log").read_text()
+    )

@@ -25,7 +25,8 @@ class Resumed:
 
     path: Path  # the checkpoint's state file
     state: TrainState
-    precision: str | None  # train.precision the run was trained in, where recorded
+    precision: str | None  # the precision the run was trained in (fp32, bf16, fp16), where
+    # recorded: the one in effect (what train.precision=auto chose), else the config's value
     processes: int  # how many processes saved it (each with its own random state)
     stopping: tuple[str, str]  # train.patience_on and train.best_metric it was trained with
 
@@ -37,14 +38,16 @@ def save_training(
     scaler: torch.amp.GradScaler,
     state: TrainState,
     config: RunConfig,
+    precision: str,
     vocabulary: dict[str, str | None],
     ckpt_dir: Path,
     is_main: bool,
     world: int,
 ) -> None:
     """A checkpoint of the whole training state (every rank takes part; rank 0 writes).
-    ``vocabulary``: the hashes a resume checks (``vocab_sha256`` of the file's bytes,
-    ``vocabulary_sha256`` of its pieces)."""
+    ``precision``: the one training is in (train.precision=auto's choice, which the config
+    cannot say); ``vocabulary``: the hashes a resume checks (``vocab_sha256`` of the file's
+    bytes, ``vocabulary_sha256`` of its pieces)."""
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state()
@@ -60,6 +63,7 @@ def save_training(
             "rng": rng,
             "rng_per_rank": every_rank,
             "config": config_to_dict(config),  # what a resume is checked against
+            "precision": precision,
             **vocabulary,
         }
         try:
@@ -104,7 +108,7 @@ def restore_training(
     return Resumed(
         path=path,
         state=state,
-        precision=trained.get("precision"),
+        precision=saved.get("precision") or trained.get("precision"),
         processes=len(per_rank),
         # a checkpoint older than train.patience_on counted patience on best_metric
         stopping=(trained.get("patience_on", "best_metric"), trained.get("best_metric", "loss")),

@@ -173,6 +173,7 @@ class Trainer(TrainingLoop):
             scaler=self.scaler,
             state=self.state,
             config=self.config,
+            precision=self.precision,
             vocabulary=vocabulary_hashes(self.vocab),
             ckpt_dir=self.ckpt_dir,
             is_main=self.is_main,
@@ -219,6 +220,12 @@ class Trainer(TrainingLoop):
                     f"trained (set train.precision to change it)"
                 )
             self.precision = resumed.precision
+        elif self.tc.precision == "auto":  # a checkpoint of auto that did not say its choice
+            self.log(
+                f"warning: {resumed.path.name} does not record the precision "
+                f"train.precision=auto chose; continuing in {self.precision} (set "
+                f"train.precision to fp32 or bf16 to choose)"
+            )
 
     # ---------------------------------------------------------------------------------------
     # One update
