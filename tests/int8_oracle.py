@@ -98,6 +98,31 @@ def simulated_int8(how: Int8) -> Iterator[None]:
         PackedLinear.__call__ = original  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def checked_int8(how: Int8, errors: list[float]) -> Iterator[None]:
+    """Every PackedLinear switched to int8 runs its kernel as it would, and each call's output
+    is compared with ``int8_linear`` of that call's own input: the largest difference, relative
+    to the simulation's largest value, is appended to ``errors``. Compared call by call, a
+    decoding is checked product by product without chaining: a value that float32 rounding
+    puts on the other side of a quantisation step in one engine and not in the other (which
+    then moves every later activation) is never compared against a diverged path."""
+    original = PackedLinear.__call__
+
+    def call(self, x, weight, bias=None, *, key=None):  # type: ignore[no-untyped-def]
+        out = original(self, x, weight, bias, key=key)
+        if self.int8 and not torch.is_grad_enabled():
+            expected = int8_linear(x, weight, bias, how)
+            scale = max(expected.abs().max().item(), 1e-12)
+            errors.append((out - expected).abs().max().item() / scale)
+        return out
+
+    PackedLinear.__call__ = call  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        PackedLinear.__call__ = original  # type: ignore[method-assign]
+
+
 def margins(log_probs: Tensor) -> Tensor:
     """[..., V] → [...]: how far the best token is ahead of the second."""
     top = log_probs.topk(2, dim=-1).values
@@ -106,6 +131,7 @@ def margins(log_probs: Tensor) -> Tensor:
 
 __all__ = [
     "Int8",
+    "checked_int8",
     "int8_linear",
     "margins",
     "onnxruntime_int8",

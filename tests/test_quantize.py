@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from helpers import overfit_run_config, sentence, write_pairs
-from int8_oracle import int8_linear, margins, pytorch_int8, simulated_int8
-from stepping import Within, walk
+from int8_oracle import checked_int8, int8_linear, margins, pytorch_int8, simulated_int8
+from stepping import walk
 from wtnmt import Translator
 from wtnmt.cli import main as cli
 from wtnmt.decode.search import _Stepper
@@ -104,7 +104,13 @@ def _simulation() -> Callable:
     return lambda: simulated_int8(pytorch_int8(int8_reduce_range()))
 
 
-def test_int8_is_off_by_default_and_its_steps_are_the_simulation(trained):
+def test_int8_is_off_by_default_and_every_product_of_its_steps_is_the_simulation(trained):
+    """Each int8 product of 20 decoding steps through beam search's reorders (the trained
+    model's own layers) is the float64 simulation of its own input, up to float32 rounding;
+    the other activation width is whole quantisation steps away. Compared call by call: a
+    whole step compared with a whole simulated step diverges wherever float32 rounding puts an
+    activation on the other side of a quantisation step (seen under SSE4.1 kernels: 6.9e-2 at
+    step 19), which says nothing about the quantisation."""
     run, sources = trained
     exact = Translator.load(run)
     assert not any(_int8_layers(exact))  # off unless asked for
@@ -118,8 +124,15 @@ def test_int8_is_off_by_default_and_its_steps_are_the_simulation(trained):
         with torch.inference_mode():  # as decoding runs: no gradients, so int8
             return _Stepper(model, src, True, steps=40, group=2)
 
-    assert walk(kernel(), Within(_simulation(), kernel), size, tolerance=1e-4) < 1e-4
-    with pytest.raises(AssertionError):  # float32 is far from it: the comparison has teeth
+    errors: list[float] = []
+    with checked_int8(pytorch_int8(int8_reduce_range()), errors):
+        walk(kernel(), kernel(), size, tolerance=1e-4)  # every product of every step
+    assert len(errors) > 20 * 3 and max(errors) < 1e-5, max(errors)
+    wrong: list[float] = []  # the other activation width: the comparison has teeth
+    with checked_int8(pytorch_int8(not int8_reduce_range()), wrong):
+        walk(kernel(), kernel(), size, tolerance=1e-4)
+    assert max(wrong) > 1e-3
+    with pytest.raises(AssertionError):  # and float32 is far from int8, step for step
         walk(kernel(exact.model), kernel(), size, tolerance=1e-4)
     quantize_decoding(quantized.model, "none")  # and back: float32 exactly
     assert quantized.quantize == "none"
