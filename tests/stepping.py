@@ -3,7 +3,6 @@ prefixes, reorders that keep, swap or double hypotheses, a sentence that finishe
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -53,21 +52,4 @@ def walk(first: Stepper, second: Stepper, vocab_size: int, tolerance: float) -> 
     return worst
 
 
-class Within:
-    """A stepper whose every call (its construction too: the encoder) runs inside a context
-    made by ``context()``, e.g. int8_oracle.simulated_int8."""
-
-    def __init__(self, context: Callable, make: Callable[[], Stepper]) -> None:
-        self.context = context
-        with context(), torch.inference_mode():
-            self.stepper = make()
-
-    def __call__(self, prefix: Tensor) -> Tensor:
-        with self.context():
-            return self.stepper(prefix)
-
-    def reorder(self, index: Tensor, sentences: Tensor | None) -> None:
-        self.stepper.reorder(index, sentences)
-
-
-__all__ = ["Stepper", "Within", "walk"]
+__all__ = ["Stepper", "walk"]
