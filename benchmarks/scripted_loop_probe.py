@@ -68,6 +68,35 @@ def linear(
     return torch.ops.mkldnn._linear_pointwise(x, float32[i], biases[i], "none", scalars, "")
 
 
+def branched_cross(
+    x: Tensor,
+    i: int,
+    group: int,
+    heads: int,
+    norms: list[Tensor],
+    ffn: list[Tensor],
+    cross: list[Tensor],
+    float32: list[Tensor],
+    biases: list[Tensor | None],
+    int8: list[Int8Params],
+    reduce_range: bool,
+) -> Tensor:
+    """Layer i's branched cross-attention sublayer and its norm for x [N, D], ``group``
+    hypotheses a sentence (the weights as ``greedy`` takes them)."""
+    n, d = x.shape
+    b, dk = n // group, d // heads
+    q = linear(x, 4 * i + 2, float32, biases, int8, reduce_range)
+    q = q.view(n, heads, dk).transpose(0, 1).reshape(heads * b, group, dk)
+    k, v, bias = cross[3 * i], cross[3 * i + 1], cross[3 * i + 2]
+    s = k.size(2)
+    scored = torch.baddbmm(bias, q, k.view(heads * b, s, dk).transpose(1, 2))
+    h = torch.bmm(scored.softmax(dim=-1), v.view(heads * b, s, dk))  # [H·B, G, Dk]
+    hid = torch.baddbmm(ffn[2 * i + 1][:, None, :], h.view(heads, n, dk), ffn[2 * i])
+    concat = hid.relu_().permute(1, 0, 2).reshape(n, -1)
+    out = linear(concat, 4 * i + 3, float32, biases, int8, reduce_range)
+    return torch.layer_norm(x + out, [d], norms[4 * i + 2], norms[4 * i + 3])
+
+
 def greedy(
     embedding: Tensor,
     scale: float,
@@ -118,16 +147,9 @@ def greedy(
             out = linear(h, 4 * i + 1, float32, biases, int8, reduce_range)
             x = torch.layer_norm(x + out, [d], norms[4 * i], norms[4 * i + 1])
             # branched cross-attention: each branch's head through its own FFN_i
-            q = linear(x, 4 * i + 2, float32, biases, int8, reduce_range)
-            q = q.view(b, heads, dk).transpose(0, 1).reshape(heads * b, 1, dk)
-            k, v, bias = cross[3 * i], cross[3 * i + 1], cross[3 * i + 2]
-            s = k.size(2)
-            scores = torch.baddbmm(bias, q, k.view(heads * b, s, dk).transpose(1, 2))
-            h = torch.bmm(scores.softmax(dim=-1), v.view(heads * b, s, dk))  # [H·B, 1, Dk]
-            hid = torch.baddbmm(ffn[2 * i + 1][:, None, :], h.view(heads, b, dk), ffn[2 * i])
-            concat = hid.relu_().permute(1, 0, 2).reshape(b, -1)
-            out = linear(concat, 4 * i + 3, float32, biases, int8, reduce_range)
-            x = torch.layer_norm(x + out, [d], norms[4 * i + 2], norms[4 * i + 3])
+            x = branched_cross(
+                x, i, 1, heads, norms, ffn, cross, float32, biases, int8, reduce_range
+            )
         logits = linear(x, 4 * layers, float32, biases, int8, reduce_range)
         lprobs = torch.log_softmax(logits, dim=-1)
         lprobs[:, pad] = float("-inf")
@@ -226,16 +248,9 @@ def beam(
             h = h.view(heads, n, dk).permute(1, 0, 2).reshape(n, d)
             out = linear(h, 4 * i + 1, float32, biases, int8, reduce_range)
             x = torch.layer_norm(x + out, [d], norms[4 * i], norms[4 * i + 1])
-            q = linear(x, 4 * i + 2, float32, biases, int8, reduce_range)
-            q = q.view(n, heads, dk).transpose(0, 1).reshape(heads * b, group, dk)
-            k, v, bias = cross[3 * i], cross[3 * i + 1], cross[3 * i + 2]
-            s = k.size(2)
-            scored = torch.baddbmm(bias, q, k.view(heads * b, s, dk).transpose(1, 2))
-            h = torch.bmm(scored.softmax(dim=-1), v.view(heads * b, s, dk))  # [H·B, G, Dk]
-            hid = torch.baddbmm(ffn[2 * i + 1][:, None, :], h.view(heads, n, dk), ffn[2 * i])
-            concat = hid.relu_().permute(1, 0, 2).reshape(n, -1)
-            out = linear(concat, 4 * i + 3, float32, biases, int8, reduce_range)
-            x = torch.layer_norm(x + out, [d], norms[4 * i + 2], norms[4 * i + 3])
+            x = branched_cross(
+                x, i, group, heads, norms, ffn, cross, float32, biases, int8, reduce_range
+            )
         logits = linear(x, 4 * layers, float32, biases, int8, reduce_range)
         lprobs = torch.log_softmax(logits, dim=-1).view(b, group, -1)
         lprobs.narrow(-1, pad, 1).fill_(float("-inf"))
