@@ -220,7 +220,7 @@ class Trainer(TrainingLoop):
                     f"trained (set train.precision to change it)"
                 )
             self.precision = resumed.precision
-        elif self.tc.precision == "auto":  # a checkpoint of auto that did not say its choice
+        elif self.tc.precision == "auto" and resumed.precision in (None, "auto"):  # unsaid
             self.log(
                 f"warning: {resumed.path.name} does not record the precision "
                 f"train.precision=auto chose; continuing in {self.precision} (set "
