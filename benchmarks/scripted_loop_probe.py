@@ -22,14 +22,12 @@ the ratio: `scripted/eager SEARCH PRECISION R (lowest–highest)`. Where CTransl
 its search of the same batches on a Transformer of the same shape is timed first (not
 interleaved: a rough ratio), and both wtnmt searches are given as ratios to it."""
 
-from __future__ import annotations
-
 import argparse
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 try:  # before torch, as decode_vs_ctranslate2.py loads it
     import ctranslate2
@@ -44,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_profile import STEPS, ct2_step_ms
 from decode_speed import LENGTH, protocol_arguments, protocol_setup
 from wtnmt.config import load_config
-from wtnmt.decode.search import beam_search, greedy_search
+from wtnmt.decode.search import beam_search, greedy_search, top_extensions
 from wtnmt.model import build_model, quantize_decoding
 from wtnmt.model.packed import int8_reduce_range
 from wtnmt.special import BOS, EOS, PAD
@@ -52,219 +50,140 @@ from wtnmt.special import BOS, EOS, PAD
 Int8Params = torch.classes.quantized.LinearPackedParamsBase  # type: ignore[attr-defined]
 
 
-def linear(
-    x: Tensor,
-    i: int,
-    float32: list[Tensor],
-    biases: list[Tensor | None],
-    int8: list[Int8Params],
-    reduce_range: bool,
-) -> Tensor:
+class Weights(NamedTuple):
+    """The decoder's weights as the scripted searches take them. Per layer i: products
+    4i … 4i+3 (self-attention's QKV and output, cross-attention's queries, the branches'
+    tail; oneDNN-packed ``float32`` with their ``biases``, or FBGEMM-packed ``int8`` with the
+    bias inside), norms 4i … 4i+3 (each residual's weight and bias), ffn 2i, 2i+1
+    (W_i = κ_i W^{O_i} W1_i and b1); the output projection last among the products."""
+
+    embedding: Tensor
+    scale: float
+    table: Tensor
+    norms: list[Tensor]
+    ffn: list[Tensor]
+    float32: list[Tensor]
+    biases: list[Tensor | None]
+    int8: list[Int8Params]
+    reduce_range: bool
+    heads: int
+
+
+def linear(w: Weights, x: Tensor, i: int) -> Tensor:
     """The i-th product as PackedLinear computes it: FBGEMM's int8 (bias packed in) where
-    ``int8`` holds the packed weights, else oneDNN's packed float32 product."""
-    if len(int8) > 0:
-        return torch.ops.quantized.linear_dynamic(x, int8[i], reduce_range)
+    the weights are int8, else oneDNN's packed float32 product."""
+    if len(w.int8) > 0:
+        return torch.ops.quantized.linear_dynamic(x, w.int8[i], w.reduce_range)
     scalars: list[float | int | complex | None] = []  # the schema's Scalar?[]
-    return torch.ops.mkldnn._linear_pointwise(x, float32[i], biases[i], "none", scalars, "")
+    return torch.ops.mkldnn._linear_pointwise(x, w.float32[i], w.biases[i], "none", scalars, "")
 
 
-def branched_cross(
-    x: Tensor,
-    i: int,
-    group: int,
-    heads: int,
-    norms: list[Tensor],
-    ffn: list[Tensor],
+def decoder_step(
+    w: Weights,
+    tokens: Tensor,
+    t: int,
     cross: list[Tensor],
-    float32: list[Tensor],
-    biases: list[Tensor | None],
-    int8: list[Int8Params],
-    reduce_range: bool,
+    self_k: list[Tensor],
+    self_v: list[Tensor],
+    own: Tensor | None,
 ) -> Tensor:
-    """Layer i's branched cross-attention sublayer and its norm for x [N, D], ``group``
-    hypotheses a sentence (the weights as ``greedy`` takes them)."""
-    n, d = x.shape
-    b, dk = n // group, d // heads
-    q = linear(x, 4 * i + 2, float32, biases, int8, reduce_range)
-    q = q.view(n, heads, dk).transpose(0, 1).reshape(heads * b, group, dk)
-    k, v, bias = cross[3 * i], cross[3 * i + 1], cross[3 * i + 2]
-    s = k.size(2)
-    scored = torch.baddbmm(bias, q, k.view(heads * b, s, dk).transpose(1, 2))
-    h = torch.bmm(scored.softmax(dim=-1), v.view(heads * b, s, dk))  # [H·B, G, Dk]
-    hid = torch.baddbmm(ffn[2 * i + 1][:, None, :], h.view(heads, n, dk), ffn[2 * i])
-    concat = hid.relu_().permute(1, 0, 2).reshape(n, -1)
-    out = linear(concat, 4 * i + 3, float32, biases, int8, reduce_range)
-    return torch.layer_norm(x + out, [d], norms[4 * i + 2], norms[4 * i + 3])
+    """One step of ``group`` hypotheses a sentence, tokens [N] → logits [N, V], as the model's
+    decode_step computes it: per layer, this step's keys and values written once into the
+    sentence's slots of self_k/self_v [H, B, steps, W, Dk] (×1/√Dk), each hypothesis scoring
+    every slot with ``own`` [B, G, (t+1)·W] (0 on its own path, −inf elsewhere; None with one
+    slot a step, greedy search); then the branched cross-attention over cross[3i … 3i+2]
+    (keys ×1/√Dk, values, padding bias), each branch's head through its own FFN_i."""
+    heads, b = w.heads, cross[0].size(1)
+    n, d = tokens.size(0), w.embedding.size(1)
+    group, dk, width = n // b, d // heads, self_k[0].size(3)
+    x = torch.embedding(w.embedding, tokens) * w.scale + w.table[t]  # [N, D]
+    for i in range(len(self_k)):
+        qkv = linear(w, x, 4 * i).view(n, 3, heads, dk).permute(1, 2, 0, 3)  # [3, H, N, Dk]
+        torch.mul(qkv[1].view(heads, b, group, dk), dk**-0.5, out=self_k[i][:, :, t, :group])
+        self_v[i][:, :, t, :group] = qkv[2].view(heads, b, group, dk)
+        keys = self_k[i][:, :, : t + 1].reshape(heads * b, (t + 1) * width, dk)
+        values = self_v[i][:, :, : t + 1].reshape(heads * b, (t + 1) * width, dk)
+        scored = torch.bmm(qkv[0].reshape(heads * b, group, dk), keys.transpose(1, 2))
+        if own is not None:
+            scored.view(heads, b, group, (t + 1) * width).add_(own)
+        h = torch.bmm(scored.softmax(dim=-1), values)  # [H·B, G, Dk]
+        h = h.view(heads, n, dk).permute(1, 0, 2).reshape(n, d)
+        x = torch.layer_norm(x + linear(w, h, 4 * i + 1), [d], w.norms[4 * i], w.norms[4 * i + 1])
+        q = linear(w, x, 4 * i + 2).view(n, heads, dk).transpose(0, 1)
+        k, v, bias = cross[3 * i], cross[3 * i + 1], cross[3 * i + 2]
+        s = k.size(2)
+        scored = torch.baddbmm(
+            bias, q.reshape(heads * b, group, dk), k.view(heads * b, s, dk).transpose(1, 2)
+        )
+        h = torch.bmm(scored.softmax(dim=-1), v.view(heads * b, s, dk))  # [H·B, G, Dk]
+        hid = torch.baddbmm(w.ffn[2 * i + 1][:, None, :], h.view(heads, n, dk), w.ffn[2 * i])
+        out = linear(w, hid.relu_().permute(1, 0, 2).reshape(n, -1), 4 * i + 3)
+        x = torch.layer_norm(x + out, [d], w.norms[4 * i + 2], w.norms[4 * i + 3])
+    return linear(w, x, 4 * len(self_k))
+
+
+def constrained(logits: Tensor, t: int, length: int, bos: int, eos: int, pad: int) -> Tensor:
+    """Log-probabilities [N, V] with decode/search.py's rules for a forced length: PAD and BOS
+    never, EOS not before ``length``, only EOS at it."""
+    lprobs = torch.log_softmax(logits, dim=-1)
+    for token in [pad, bos, eos] if t < length else [pad, bos]:
+        lprobs.narrow(-1, token, 1).fill_(float("-inf"))
+    if t >= length:
+        lprobs.fill_(float("-inf"))
+        lprobs[:, eos] = 0.0
+    return lprobs
+
+
+def buffers(w: Weights, cross: list[Tensor], steps: int, width: int) -> list[Tensor]:
+    """One zeroed self-attention buffer [H, B, steps, width, Dk] a layer."""
+    b, dk = cross[0].size(1), w.embedding.size(1) // w.heads
+    return [torch.zeros(w.heads, b, steps, width, dk) for _ in range(len(cross) // 3)]
 
 
 def greedy(
-    embedding: Tensor,
-    scale: float,
-    table: Tensor,
-    norms: list[Tensor],
-    ffn: list[Tensor],
-    cross: list[Tensor],
-    float32: list[Tensor],
-    biases: list[Tensor | None],
-    int8: list[Int8Params],
-    reduce_range: bool,
-    heads: int,
-    length: int,
-    bos: int,
-    eos: int,
-    pad: int,
+    w: Weights, cross: list[Tensor], length: int, bos: int, eos: int, pad: int
 ) -> tuple[Tensor, Tensor]:
     """Greedy search of exactly ``length`` tokens, then EOS: the tokens [B, length] and the
-    summed log-probabilities [B]. Per layer i: products 4i … 4i+3 (self-attention's QKV and
-    output, cross-attention's queries, the branches' tail), norms 4i … 4i+3 (each residual's
-    weight and bias), ffn[2i], ffn[2i+1] (W_i = κ_i W^{O_i} W1_i and b1), cross[3i … 3i+2]
-    (keys ×1/√Dk, values, padding bias); the output projection last."""
-    layers = len(ffn) // 2
-    b = cross[0].size(1)
-    d = embedding.size(1)
-    dk = d // heads
-    self_k: list[Tensor] = []
-    self_v: list[Tensor] = []
-    for _ in range(layers):
-        self_k.append(torch.zeros(heads * b, length + 1, dk))
-        self_v.append(torch.zeros(heads * b, length + 1, dk))
-    tokens = torch.full([b], bos, dtype=torch.long)
+    summed log-probabilities [B]."""
+    self_k, self_v = buffers(w, cross, length + 1, 1), buffers(w, cross, length + 1, 1)
+    tokens = torch.full([cross[0].size(1)], bos, dtype=torch.long)
     chosen: list[Tensor] = []
     best: list[Tensor] = []
     for t in range(length + 1):
-        x = torch.embedding(embedding, tokens) * scale + table[t]  # [B, D]
-        for i in range(layers):
-            # masked self-attention: this step's keys and values appended, each query
-            # against its own prefix (greedy: one hypothesis a sentence)
-            qkv = linear(x, 4 * i, float32, biases, int8, reduce_range)
-            qkv = qkv.view(b, 3, heads, dk).permute(1, 2, 0, 3)  # [3, H, B, Dk]
-            q = qkv[0].reshape(heads * b, 1, dk)
-            self_k[i][:, t] = qkv[1].reshape(heads * b, dk) * dk**-0.5
-            self_v[i][:, t] = qkv[2].reshape(heads * b, dk)
-            keys, values = self_k[i][:, : t + 1], self_v[i][:, : t + 1]
-            probs = torch.bmm(q, keys.transpose(1, 2)).softmax(dim=-1)
-            h = torch.bmm(probs, values).view(heads, b, dk).permute(1, 0, 2).reshape(b, d)
-            out = linear(h, 4 * i + 1, float32, biases, int8, reduce_range)
-            x = torch.layer_norm(x + out, [d], norms[4 * i], norms[4 * i + 1])
-            # branched cross-attention: each branch's head through its own FFN_i
-            x = branched_cross(
-                x, i, 1, heads, norms, ffn, cross, float32, biases, int8, reduce_range
-            )
-        logits = linear(x, 4 * layers, float32, biases, int8, reduce_range)
-        lprobs = torch.log_softmax(logits, dim=-1)
-        lprobs[:, pad] = float("-inf")
-        lprobs[:, bos] = float("-inf")
-        if t < length:
-            lprobs[:, eos] = float("-inf")
-        else:
-            lprobs.fill_(float("-inf"))
-            lprobs[:, eos] = 0.0
-        tokens = lprobs.argmax(dim=1)
+        logits = decoder_step(w, tokens, t, cross, self_k, self_v, None)
+        lprobs = constrained(logits, t, length, bos, eos, pad)
+        tokens = lprobs.argmax(dim=1)  # (the engine's row_argmax: the same index)
         chosen.append(tokens)
         best.append(lprobs.gather(1, tokens[:, None])[:, 0])
     return torch.stack(chosen, 1)[:, :-1], torch.stack(best, 1).sum(1)
 
 
-def top_extensions(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """decode/search.py's top_extensions, operator for operator."""
-    block = 128  # its vocabulary block of the two-stage top-k (a local: TorchScript)
-    n, g, v = lprobs.shape
-    k = min(k, g * v)
-    if v <= 4 * block:
-        top, flat = (scores[:, :, None] + lprobs).view(n, -1).topk(k, dim=1)
-        return top, flat // v, flat % v
-    full = v // block * block
-    maxima = lprobs[:, :, :full].reshape(n, g, -1, block).amax(-1)
-    if full < v:
-        maxima = torch.cat([maxima, lprobs[:, :, full:].amax(-1, keepdim=True)], dim=-1)
-    per_hyp = maxima.size(-1)
-    maxima = (maxima + scores[:, :, None]).view(n, -1)
-    best = maxima.topk(min(k, maxima.size(1)), dim=1).indices
-    hyp = best // per_hyp
-    cols = (best % per_hyp * block)[:, :, None] + torch.arange(block)
-    flat = hyp[:, :, None] * v + cols.clamp(max=v - 1)
-    values = lprobs.view(n, -1).gather(1, flat.view(n, -1)).view_as(flat)
-    values = (values + scores.gather(1, hyp)[:, :, None]).masked_fill(cols >= v, float("-inf"))
-    top, pos = values.view(n, -1).topk(k, dim=1)
-    flat = flat.view(n, -1).gather(1, pos)
-    return top, flat // v, flat % v
-
-
 def beam(
-    embedding: Tensor,
-    scale: float,
-    table: Tensor,
-    norms: list[Tensor],
-    ffn: list[Tensor],
-    cross: list[Tensor],
-    float32: list[Tensor],
-    biases: list[Tensor | None],
-    int8: list[Int8Params],
-    reduce_range: bool,
-    heads: int,
-    length: int,
-    width: int,
-    bos: int,
-    eos: int,
-    pad: int,
+    w: Weights, cross: list[Tensor], length: int, width: int, bos: int, eos: int, pad: int
 ) -> tuple[Tensor, Tensor]:
     """Beam search (``width`` beams) of exactly ``length`` tokens, then EOS, as
-    decode/search.py's beam_search runs it when the length is forced: each sentence's best
-    hypothesis [B, length] and its summed log-probability [B]. The decoder cache as
-    model/cache.py keeps it: each step's keys written once into a sentence's slots, each
-    hypothesis reading its own prefix through an additive bias on its path; the weights as
-    in ``greedy``."""
-    layers = len(ffn) // 2
+    decode/search.py's beam_search runs it when the length is forced (its top_extensions
+    itself): each sentence's best hypothesis [B, length] and its summed log-probability [B].
+    Each hypothesis reads its own prefix through its path of slots, as model/cache.py's."""
     b = cross[0].size(1)
-    d = embedding.size(1)
-    dk = d // heads
-    self_k: list[Tensor] = []
-    self_v: list[Tensor] = []
-    for _ in range(layers):
-        self_k.append(torch.zeros(heads, b, length + 1, width, dk))
-        self_v.append(torch.zeros(heads, b, length + 1, width, dk))
+    self_k, self_v = buffers(w, cross, length + 1, width), buffers(w, cross, length + 1, width)
     prefix = torch.full([b, 1], bos, dtype=torch.long)
     scores = torch.zeros(b, 1)
     path = torch.zeros(b, 0, dtype=torch.long)
+    rows = torch.arange(b)
     for t in range(length + 1):
         group = scores.size(1)
         n = b * group
         path = torch.cat([path, (torch.arange(n) % group)[:, None]], dim=1)  # [N, t+1]
         cols = torch.arange(t + 1) * width + path
         own = torch.full([n, (t + 1) * width], float("-inf")).scatter_(1, cols, 0.0)
-        own = own.view(b, group, (t + 1) * width)
-        x = torch.embedding(embedding, prefix[:, -1]) * scale + table[t]  # [N, D]
-        for i in range(layers):
-            qkv = linear(x, 4 * i, float32, biases, int8, reduce_range)
-            qkv = qkv.view(n, 3, heads, dk).permute(1, 2, 0, 3)  # [3, H, N, Dk]
-            torch.mul(qkv[1].view(heads, b, group, dk), dk**-0.5, out=self_k[i][:, :, t, :group])
-            self_v[i][:, :, t, :group] = qkv[2].view(heads, b, group, dk)
-            keys = self_k[i][:, :, : t + 1].reshape(heads * b, (t + 1) * width, dk)
-            values = self_v[i][:, :, : t + 1].reshape(heads * b, (t + 1) * width, dk)
-            q = qkv[0].reshape(heads * b, group, dk)
-            scored = torch.bmm(q, keys.transpose(1, 2))
-            scored.view(heads, b, group, (t + 1) * width).add_(own)
-            h = torch.bmm(scored.softmax(dim=-1), values)  # [H·B, G, Dk]
-            h = h.view(heads, n, dk).permute(1, 0, 2).reshape(n, d)
-            out = linear(h, 4 * i + 1, float32, biases, int8, reduce_range)
-            x = torch.layer_norm(x + out, [d], norms[4 * i], norms[4 * i + 1])
-            x = branched_cross(
-                x, i, group, heads, norms, ffn, cross, float32, biases, int8, reduce_range
-            )
-        logits = linear(x, 4 * layers, float32, biases, int8, reduce_range)
-        lprobs = torch.log_softmax(logits, dim=-1).view(b, group, -1)
-        lprobs.narrow(-1, pad, 1).fill_(float("-inf"))
-        lprobs.narrow(-1, bos, 1).fill_(float("-inf"))
-        if t < length:
-            lprobs.narrow(-1, eos, 1).fill_(float("-inf"))
-        else:
-            lprobs.fill_(float("-inf"))
-            lprobs[:, :, eos] = 0.0
+        logits = decoder_step(
+            w, prefix[:, -1], t, cross, self_k, self_v, own.view(b, group, (t + 1) * width)
+        )
+        lprobs = constrained(logits, t, length, bos, eos, pad).view(b, group, -1)
         top, origin, token = top_extensions(lprobs, scores, 2 * width)
-        rows = torch.arange(b)
         if t == length:  # every hypothesis ends; the best ranks first
-            best = rows * group + origin[:, 0]
-            return prefix.index_select(0, best)[:, 1:], top[:, 0]
+            return prefix.index_select(0, rows * group + origin[:, 0])[:, 1:], top[:, 0]
         top, origin, token = top[:, :width], origin[:, :width], token[:, :width]
         index = (rows[:, None] * group + origin).view(-1)
         prefix = torch.cat([prefix.index_select(0, index), token.reshape(-1, 1)], dim=1)
@@ -273,8 +192,8 @@ def beam(
     raise RuntimeError("unreachable: the last step returns")
 
 
-def weights(model) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    """The model's weights as the scripted search takes them, after the engine packed them
+def weights(model) -> Weights:  # type: ignore[no-untyped-def]
+    """The model's weights as the scripted searches take them, after the engine packed them
     (one eager decode first): the same packed copies, so the same products."""
     float32: list[Tensor] = []
     biases: list[Tensor | None] = []
@@ -284,7 +203,7 @@ def weights(model) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     for layer in model.decoder_layers:
         branched = layer.cross_attn
         kappa, alpha = branched.branch_weights()
-        w, _, b2 = branched._fused_weights(kappa, alpha)
+        fused, _, b2 = branched._fused_weights(kappa, alpha)
         proj = layer.self_attn.attn.proj
         products = [
             (proj._qkv, None),
@@ -297,33 +216,33 @@ def weights(model) -> dict[str, Any]:  # type: ignore[no-untyped-def]
             biases.append(bias)
         for res in (layer.self_attn_res, layer.cross_attn_res):
             norms += [res.norm.weight.detach(), res.norm.bias.detach()]
-        ffn += [w.detach(), branched.b1.detach()]
+        ffn += [fused.detach(), branched.b1.detach()]
     output = model.embedding._output
     (int8 if output.int8 else float32).append(output._packed)
     biases.append(None)
-    return {
-        "embedding": model.embedding.weight.detach(),
-        "scale": model.embedding.scale,
-        "table": model.positions.table,
-        "norms": norms,
-        "ffn": ffn,
-        "float32": float32,
-        "biases": biases,
-        "int8": int8,
-        "reduce_range": int8_reduce_range(),
-        "heads": model.decoder_layers[0].self_attn.attn.heads,
-    }
+    return Weights(
+        embedding=model.embedding.weight.detach(),
+        scale=model.embedding.scale,
+        table=model.positions.table,
+        norms=norms,
+        ffn=ffn,
+        float32=float32,
+        biases=biases,
+        int8=int8,
+        reduce_range=int8_reduce_range(),
+        heads=model.decoder_layers[0].self_attn.attn.heads,
+    )
 
 
 @torch.inference_mode()
-def scripted_search(model, search, packed: dict[str, Any], src: Tensor, **options):  # type: ignore[no-untyped-def]
+def scripted_search(model, search, packed: Weights, src: Tensor, **options):  # type: ignore[no-untyped-def]
     cache = model.init_cache(model.encode(src))  # the engine's encoder and cross keys
     cross: list[Tensor] = []
     for c in cache.layers:
         h, b, s, _ = c.cross_k.shape
         bias = c.cross_bias if c.cross_bias is not None else c.cross_k.new_zeros(h * b, 1, s)
         cross += [c.cross_k, c.cross_v, bias]
-    return search(cross=cross, length=LENGTH, bos=BOS, eos=EOS, pad=PAD, **packed, **options)
+    return search(packed, cross, length=LENGTH, bos=BOS, eos=EOS, pad=PAD, **options)
 
 
 def eager_search(model, src: Tensor, beams: int) -> list[tuple[list[int], float]]:  # type: ignore[no-untyped-def]

@@ -51,49 +51,33 @@ def test_each_operator_goes_to_one_part_and_the_model_is_left_as_it_was(beam):
 @pytest.mark.parametrize("precision", ["none", "int8"])
 def test_the_scripted_loop_probe_computes_the_engines_translations_bit_for_bit(precision, beams):
     """benchmarks/scripted_loop_probe.py's TorchScript searches over the engine's own packed
-    weights: the same best hypotheses and summed log-probabilities, to the bit (the probe's
-    timing is only worth reading while this holds)."""
+    weights: the same best hypotheses and summed log-probabilities as the engine's, to the bit
+    (the probe's timing is only worth reading while this holds), compared as the probe does."""
     probe = pytest.importorskip("scripted_loop_probe")
-    from wtnmt.decode.search import beam_search, greedy_search
     from wtnmt.model import quantize_decoding
-    from wtnmt.special import BOS, EOS, PAD
 
     model = make("weighted").float()  # post-norm, multi-head self-attention, split FFNs
     quantize_decoding(model, precision)
     src, _ = batch()
-    length = 5
-    if beams == 1:  # (the engine's search packs the weights)
-        want = [(h.tokens, h.log_prob) for h in greedy_search(model, src, min_len=5, max_len=5)]
-        search, options = torch.jit.script(probe.greedy), {}
-    else:
-        found = beam_search(model, src, beam=beams, min_len=length, max_len=length)
-        want = [(hyps[0].tokens, hyps[0].log_prob) for hyps in found]
-        search, options = torch.jit.script(probe.beam), {"width": beams}
-    with torch.inference_mode():  # (with gradients the encoder would multiply in float32)
-        cache = model.init_cache(model.encode(src))
-        cross = []
-        for c in cache.layers:
-            h, b, s, _ = c.cross_k.shape
-            bias = c.cross_bias if c.cross_bias is not None else c.cross_k.new_zeros(h * b, 1, s)
-            cross += [c.cross_k, c.cross_v, bias]
-        tokens, scores = search(
-            cross=cross, length=length, bos=BOS, eos=EOS, pad=PAD, **probe.weights(model), **options
-        )
+    want = probe.eager_search(model, src, beams)  # (it packs the weights)
+    search = torch.jit.script(probe.greedy if beams == 1 else probe.beam)
+    options = {} if beams == 1 else {"width": beams}
+    tokens, scores = probe.scripted_search(model, search, probe.weights(model), src, **options)
     assert tokens.tolist() == [toks for toks, _ in want]
     assert scores.tolist() == [lp for _, lp in want]
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
-def test_the_scripted_top_extensions_are_the_engines_over_a_blocked_vocabulary():
-    """The two-stage top-k over vocabulary blocks (V > 512, as the benchmark's 8,000), scripted,
-    against decode/search.py's: the same values, hypotheses and tokens."""
-    probe = pytest.importorskip("scripted_loop_probe")
+def test_the_engines_top_extensions_compile_under_torchscript_to_the_same_ranking():
+    """The scripted beam search calls decode/search.py's top_extensions itself; over a
+    vocabulary in blocks (V > 512, as the benchmark's 8,000, which the tiny model above does
+    not reach) the compiled function ranks as the eager one: same values, hypotheses, tokens."""
     from wtnmt.decode.search import top_extensions
 
     g = torch.Generator().manual_seed(0)
     lprobs = torch.randn(4, 3, 1000, generator=g).log_softmax(-1)
     scores = torch.randn(4, 3, generator=g)
-    scripted = torch.jit.script(probe.top_extensions)
+    scripted = torch.jit.script(top_extensions)
     for want, got in zip(
         top_extensions(lprobs, scores, 6), scripted(lprobs, scores, 6), strict=True
     ):

@@ -124,7 +124,9 @@ def _limits(model, src: Tensor, max_len_a: float, max_len_b: int, max_len: int |
 _BLOCK = 128  # vocabulary block of the two-stage top-k
 
 
-def top_extensions(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+def top_extensions(
+    lprobs: Tensor, scores: Tensor, k: int, block: int = _BLOCK
+) -> tuple[Tensor, Tensor, Tensor]:
     """The k best extensions of each sentence, best first: ``topk`` of scores + log-probs.
 
     lprobs [n, G, V] (G hypotheses per sentence), scores [n, G] → summed scores [n, k'],
@@ -133,22 +135,23 @@ def top_extensions(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tens
     writing a vocabulary-wide sum or ranking it: on CPU those two passes cost more than the
     rest of the search. Each row is cut into blocks of 128 tokens; the k extensions lie in
     the k blocks with the best maxima (a block left out has k better maxima above it), so only
-    those k·128 values are ranked.
+    those k·128 values are ranked. (``block``, 128, is a parameter rather than a module
+    constant so that TorchScript can compile the function too.)
     """
     n, g, v = lprobs.shape
     k = min(k, g * v)
-    if v <= 4 * _BLOCK:
+    if v <= 4 * block:
         top, flat = (scores[:, :, None] + lprobs).view(n, -1).topk(k, dim=1)
         return top, flat // v, flat % v
-    full = v // _BLOCK * _BLOCK
-    maxima = lprobs[..., :full].reshape(n, g, -1, _BLOCK).amax(-1)  # [n, G, V // 128]
+    full = v // block * block
+    maxima = lprobs[..., :full].reshape(n, g, -1, block).amax(-1)  # [n, G, V // 128]
     if full < v:
         maxima = torch.cat([maxima, lprobs[..., full:].amax(-1, keepdim=True)], dim=-1)
     per_hyp = maxima.size(-1)
     maxima = (maxima + scores[:, :, None]).view(n, -1)  # [n, G·blocks]
     best = maxima.topk(min(k, maxima.size(1)), dim=1).indices  # [n, kb]
     hyp = best // per_hyp
-    cols = (best % per_hyp * _BLOCK)[:, :, None] + torch.arange(_BLOCK, device=lprobs.device)
+    cols = (best % per_hyp * block)[:, :, None] + torch.arange(block, device=lprobs.device)
     flat = hyp[:, :, None] * v + cols.clamp(max=v - 1)  # [n, kb, 128] into [n, G·V]
     values = lprobs.view(n, -1).gather(1, flat.view(n, -1)).view_as(flat)
     values = (values + scores.gather(1, hyp)[:, :, None]).masked_fill(cols >= v, float("-inf"))
