@@ -39,7 +39,9 @@ worker).
 The ONNX Runtime engine (`--engine onnxruntime`): the same two wtnmt models exported to ONNX
 (float32, and int8 by ONNX Runtime's dynamic quantisation), searched by wtnmt's own greedy and
 beam search, in the same rotation; their greedy outputs are checked identical to the PyTorch
-engine's first. Its line reads each ratio to wtnmt's PyTorch float32 and to CTranslate2.
+engine's first. Its line reads each ratio to wtnmt's PyTorch float32 and to CTranslate2. The
+native engine (`--engine native`, decode/native: the search and the decoder step in C++ over
+the PyTorch engine's packed weights) likewise, float32 and int8, where it can be built.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ from train_speed import ROOT, build_data
 from wtnmt.config import load_config
 from wtnmt.data import ParallelData
 from wtnmt.decode import greedy_search
+from wtnmt.decode.native import NativeUnavailable
+from wtnmt.decode.native.network import NativeEngine
 from wtnmt.decode.onnx_engine import OnnxNetwork
 from wtnmt.decode.search import search_batch
 from wtnmt.decode.workers import SearchWorkers
@@ -150,7 +154,7 @@ def check_greedy_agrees(model, translator, inputs, tokens, limit: int) -> int:  
 
 
 def check_engines_agree(model, network, inputs, limit: int) -> int:  # type: ignore[no-untyped-def]
-    """Greedy outputs, unforced, of the PyTorch and the ONNX Runtime engine: identical."""
+    """Greedy outputs, unforced, of the PyTorch engine and another: identical."""
     checked = 0
     for src in inputs:
         ours = search_batch(model, src, beam=1, max_len=LENGTH)
@@ -214,9 +218,21 @@ def main() -> None:
                 quantize=q,
                 threads=args.threads,
             )
+    try:  # the native engine (`--engine native`), over the same models' packed weights
+        for flavour in ("weighted", "transformer"):
+            models[f"native {flavour} fp32"] = NativeEngine(models[flavour])
+            models[f"native {flavour} int8"] = NativeEngine(quantized[flavour])
+    except NativeUnavailable as e:
+        print(f"{e}: its entries left out", flush=True)
     for flavour in ("weighted", "transformer"):
-        n = check_engines_agree(models[flavour], models[f"ort {flavour} fp32"], inputs, args.check)
-        print(f"greedy outputs identical on {n} sentences (wtnmt {flavour}: PyTorch vs ORT)")
+        for other in ("ort", "native"):
+            if f"{other} {flavour} fp32" not in models:
+                continue
+            network = models[f"{other} {flavour} fp32"]
+            n = check_engines_agree(models[flavour], network, inputs, args.check)
+            print(
+                f"greedy outputs identical on {n} sentences (wtnmt {flavour}: PyTorch vs {other})"
+            )
 
     with tempfile.TemporaryDirectory() as tmp:
         paths = {
@@ -256,6 +272,8 @@ ENTRIES = [
     *(f"wtnmt {f} {p}" for f in ("weighted", "transformer") for p in ("fp32", "int8")),
     # the ONNX Runtime engine: wtnmt's search over the exported network
     *(f"ort {f} {p}" for f in ("weighted", "transformer") for p in ("fp32", "int8")),
+    # the native engine: search and decoder step in C++ over the PyTorch engine's weights
+    *(f"native {f} {p}" for f in ("weighted", "transformer") for p in ("fp32", "int8")),
     "ct2 float32",
     "ct2 int8",
     # both engines with 2 workers of 1 thread each, each worker decoding its own batches
@@ -267,9 +285,15 @@ ENTRIES = [
 WORKERS = 2
 
 
-def entries(threads: int) -> list[str]:
-    """The entries timed: the two-worker ones only where each worker gets a thread."""
-    return [e for e in ENTRIES if threads >= WORKERS or not e.endswith(" x2")]
+def entries(threads: int, models: dict | None = None) -> list[str]:  # type: ignore[type-arg]
+    """The entries timed: the two-worker ones only where each worker gets a thread, the
+    native engine's only where it was built (``models`` holds them)."""
+    return [
+        e
+        for e in ENTRIES
+        if (threads >= WORKERS or not e.endswith(" x2"))
+        and (models is None or not e.startswith("native") or e in models)
+    ]
 
 
 def timed_rounds(args, models, quantized, pools, paths, inputs, ct2_inputs, expected):  # type: ignore[no-untyped-def]
@@ -277,7 +301,7 @@ def timed_rounds(args, models, quantized, pools, paths, inputs, ct2_inputs, expe
     group (see the module docstring)."""
     groups = [range(i, min(i + args.group, len(inputs))) for i in range(0, len(inputs), args.group)]
     rates: dict[tuple[str, int], list[float]] = {}
-    timed = entries(args.threads)
+    timed = entries(args.threads, models)
     for r in range(args.rounds):
         seconds = dict.fromkeys(((e, b) for e in timed for b in (1, 5)), 0.0)
         counts = dict.fromkeys(seconds, 0)
@@ -291,7 +315,7 @@ def timed_rounds(args, models, quantized, pools, paths, inputs, ct2_inputs, expe
                     precision = what[0] if workers > 1 else last
                     translator = load_translator(paths[precision], args.threads, workers)
                     run_ct2(translator, ct2_inputs[:1], 5)  # warm-up, untimed
-                elif engine == "ort":
+                elif engine in ("ort", "native"):
                     model = models[entry]
                 elif workers > 1:
                     pool = pools[what[1]]
@@ -331,7 +355,7 @@ def report(rates: dict[tuple[str, int], list[float]], args: argparse.Namespace) 
           "ratios to CTranslate2 (median of the rounds' ratios, lowest–highest):")  # fmt: skip
     print(f"  {'entry':24s} {'greedy':>7s} {'beam 5':>7s}   ×CT2 f32 greedy / beam 5"
           "            ×CT2 int8 greedy / beam 5")  # fmt: skip
-    for entry in entries(args.threads):
+    for entry in [e for e in entries(args.threads) if (e, 1) in rates]:
         x2 = " x2" if entry.endswith(" x2") else ""  # against CTranslate2 with as many workers
         cells = [
             span(ratios(entry, b, base + x2))
@@ -340,19 +364,22 @@ def report(rates: dict[tuple[str, int], list[float]], args: argparse.Namespace) 
         ]
         print(f"  {entry:24s} {med[(entry, 1)]:7.0f} {med[(entry, 5)]:7.0f}   "
               f"{cells[0]} / {cells[1]}   {cells[2]} / {cells[3]}")  # fmt: skip
-    for f in ("weighted", "transformer"):
-        over = {b: ratios(f"ort {f} fp32", b, f"wtnmt {f} fp32") for b in (1, 5)}
-        ct2 = {
-            (p, b): ratios(f"ort {f} {p}", b, f"ct2 {'float32' if p == 'fp32' else p}")
-            for p in ("fp32", "int8")
-            for b in (1, 5)
-        }
-        print(
-            f"ONNX Runtime, {f}: fp32/wtnmt PyTorch fp32 greedy {span(over[1])} beam5 "
-            f"{span(over[5])}; fp32/CT2 fp32 greedy {span(ct2['fp32', 1])} beam5 "
-            f"{span(ct2['fp32', 5])}; int8/CT2 int8 greedy {span(ct2['int8', 1])} beam5 "
-            f"{span(ct2['int8', 5])}"
-        )
+    for other, name in (("ort", "ONNX Runtime"), ("native", "native")):
+        for f in ("weighted", "transformer"):
+            if (f"{other} {f} fp32", 1) not in rates:
+                continue
+            over = {b: ratios(f"{other} {f} fp32", b, f"wtnmt {f} fp32") for b in (1, 5)}
+            ct2 = {
+                (p, b): ratios(f"{other} {f} {p}", b, f"ct2 {'float32' if p == 'fp32' else p}")
+                for p in ("fp32", "int8")
+                for b in (1, 5)
+            }
+            print(
+                f"{name}, {f}: fp32/wtnmt PyTorch fp32 greedy {span(over[1])} beam5 "
+                f"{span(over[5])}; fp32/CT2 fp32 greedy {span(ct2['fp32', 1])} beam5 "
+                f"{span(ct2['fp32', 5])}; int8/CT2 int8 greedy {span(ct2['int8', 1])} beam5 "
+                f"{span(ct2['int8', 5])}"
+            )
     configurations = [("", "1 process"), (" x2", f"{WORKERS} workers each")]
     for x2, label in configurations[: 2 if args.threads >= WORKERS else 1]:
         best = {  # the faster of wtnmt's two modes, round by round

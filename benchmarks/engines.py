@@ -4,11 +4,11 @@
     python benchmarks/engines.py runs/demo/averaged [--rounds 3] [--beams 1,4]
 
 Translates the run's test split (or ``--input``) with ``Translator.translate`` on the PyTorch
-engine and on ONNX Runtime (``engine="onnxruntime"``; exported first if the run has no
-export), each in float32 and int8, the four taking turns round by round in a rotated order;
-sentences/s, medians of the rounds, and each engine's ratio to PyTorch float32 in the same
-round (median, lowest–highest). The outputs of the two float32 engines are checked identical
-first.
+engine, the native engine (``engine="native"``, where it can be built) and ONNX Runtime
+(``engine="onnxruntime"``; exported first if the run has no export), each in float32 and
+int8, taking turns round by round in a rotated order; sentences/s, medians of the rounds, and
+each engine's ratio to PyTorch float32 in the same round (median, lowest–highest). The float32
+engines' outputs are checked identical to PyTorch's first.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ import torch
 
 from wtnmt import Translator
 from wtnmt.config import load_config
+from wtnmt.decode.native import unavailable_reason
 from wtnmt.runtime import machine_line, tune_cpu_allocator
 
-ENGINES = [(e, q) for e in ("pytorch", "onnxruntime") for q in ("none", "int8")]
+ENGINES = [(e, q) for e in ("pytorch", "native", "onnxruntime") for q in ("none", "int8")]
 
 
 def main() -> int:
@@ -43,15 +44,20 @@ def main() -> int:
     source = args.input or data.prepared_path() / f"test.{data.src_lang}"
     sentences = [s for s in source.read_text(encoding="utf-8").splitlines() if s.strip()]
     beams = [int(b) for b in args.beams.split(",")]
+    if unavailable_reason() is not None:
+        print(f"the native engine is left out: {unavailable_reason()}")
+        ENGINES[:] = [(e, q) for e, q in ENGINES if e != "native"]
     translators = {
         (e, q): Translator.load(args.run_dir, engine=e, quantize=q)  # type: ignore[arg-type]
         for e, q in ENGINES
     }
     for beam in beams:
         a = translators["pytorch", "none"].translate(sentences, beam=beam)
-        b = translators["onnxruntime", "none"].translate(sentences, beam=beam)
-        same = sum(x == y for x, y in zip(a, b, strict=True))
-        print(f"beam {beam}: float32 outputs identical on {same} of {len(a)} sentences")
+        for engine in sorted({e for e, _ in ENGINES} - {"pytorch"}):
+            b = translators[engine, "none"].translate(sentences, beam=beam)
+            same = sum(x == y for x, y in zip(a, b, strict=True))
+            print(f"beam {beam}: {engine} float32 outputs identical to PyTorch's on {same} of "
+                  f"{len(a)} sentences")  # fmt: skip
     rates: dict[tuple[str, str, int], list[float]] = {}
     for r in range(args.rounds):
         order = ENGINES[r % len(ENGINES) :] + ENGINES[: r % len(ENGINES)]

@@ -40,9 +40,11 @@ def add_engine(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--engine",
         default="pytorch",
-        choices=["pytorch", "onnxruntime"],
-        help="what runs the network: PyTorch, or ONNX Runtime on the run's ONNX export "
-        "(RUN/onnx, made on first use; CPU; pip install 'wtnmt[onnx]'; default pytorch)",
+        choices=["pytorch", "native", "onnxruntime"],
+        help="what runs the search: PyTorch; native, the search and decoder step in C++ over "
+        "PyTorch's kernels (CPU; compiled on first use: a C++ compiler and pip install "
+        "'wtnmt[native]'); or ONNX Runtime on the run's ONNX export (RUN/onnx, made on first "
+        "use; CPU; pip install 'wtnmt[onnx]'; default pytorch)",
     )
 
 

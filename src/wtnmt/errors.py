@@ -8,3 +8,8 @@ class TrainingError(RuntimeError):
 
 class CheckpointError(RuntimeError):
     """A file that is not a usable checkpoint; the message names it."""
+
+
+class EngineUnavailable(RuntimeError):
+    """The decoding engine asked for cannot run here (e.g. ``--engine native`` without a C++
+    compiler); the message says why."""

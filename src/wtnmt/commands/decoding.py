@@ -103,8 +103,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
     check_device(args.device)
     if args.workers > 1 and args.engine != "pytorch":
         raise ConfigError(
-            f"--workers {args.workers} runs the PyTorch engine; ONNX Runtime decodes on "
-            "--threads in this process"
+            f"--workers {args.workers} runs the PyTorch engine; --engine {args.engine} "
+            "decodes on --threads in this process"
         )
     if args.workers > 1 and args.device != "cpu":
         raise ConfigError(
@@ -237,7 +237,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.engine != "pytorch" and args.branch_weights != "learned":
         raise ConfigError(
             f"--branch-weights {args.branch_weights} overrides κ, α in the PyTorch engine "
-            "only: leave out --engine onnxruntime"
+            f"only: leave out --engine {args.engine}"
         )
     if args.branch_weights_in and args.branch_weights == "learned":
         raise ConfigError(

@@ -209,12 +209,17 @@ def greedy_search(
         done |= token.eq(EOS)
         if bool(done.all()):
             break
-    # a sentence's tokens up to its EOS count; the steps after it only padded
-    out = tokens[:, 1 : len(best) + 1]
+    return greedy_hypotheses(tokens[:, 1 : len(best) + 1], torch.stack(best, dim=1))
+
+
+def greedy_hypotheses(out: Tensor, best: Tensor) -> list[Hypothesis]:
+    """Greedy search's hypotheses from the tokens it chose [B, T] (PAD after a sentence's
+    EOS) and their log-probabilities [B, T]: a sentence's tokens up to its EOS count, the
+    steps after it were only padded."""
     ended = out.eq(EOS)
     counted = (ended.cumsum(1) - ended.long()).eq(0)  # no EOS before
     lengths = counted.sum(1)
-    log_prob = torch.where(counted, torch.stack(best, dim=1), 0.0).sum(1)
+    log_prob = torch.where(counted, best, 0.0).sum(1)
     hyps = []
     for row, n, lp in zip(out.tolist(), lengths.tolist(), log_prob.tolist(), strict=True):
         toks = row[:n]
@@ -363,8 +368,19 @@ def search_batch(
     max_len: int | None = None,
 ) -> list[list[Hypothesis]]:
     """The ``nbest`` best hypotheses of each sentence of ``src``: greedy search when
-    beam = nbest = 1, beam search otherwise."""
+    beam = nbest = 1, beam search otherwise. An engine with a search of its own (``search``,
+    decode/native) runs it with these settings."""
     limits = {"max_len_a": max_len_a, "max_len_b": max_len_b, "min_len": min_len}
+    if hasattr(model, "search"):
+        return model.search(  # type: ignore[no-any-return]
+            src,
+            beam=beam,
+            nbest=nbest,
+            alpha=alpha,
+            penalty_form=penalty_form,
+            **limits,
+            max_len=max_len,
+        )
     with _torch_threads_beside(model):
         if beam == 1 and nbest == 1:
             return [[h] for h in greedy_search(model, src, **limits, max_len=max_len)]

@@ -34,6 +34,8 @@ from wtnmt.model import (
 from wtnmt.rundir import load_run
 from wtnmt.special import BOS, EOS, PAD
 
+ENGINES = ("pytorch", "native", "onnxruntime")  # what runs the search (Translator.load)
+
 
 @dataclass(frozen=True)
 class Translation:
@@ -74,17 +76,19 @@ class Translator:
         device: str = "cpu",
         weights: str = "model.safetensors",
         quantize: Literal["none", "int8"] = "none",
-        engine: Literal["pytorch", "onnxruntime"] = "pytorch",
+        engine: Literal["pytorch", "native", "onnxruntime"] = "pytorch",
         onnx_dir: str | Path | None = None,
         say: Callable[[str], None] = _note,
     ) -> Translator:
         """``quantize="int8"``: decode with int8 linear layers (CPU only; see model/packed.py).
         ``engine="onnxruntime"``: search runs the network exported to ONNX (``onnx_dir``,
-        default RUN/onnx, exported there on first use; CPU only; decode/onnx_engine.py)."""
-        if engine not in ("pytorch", "onnxruntime"):
-            raise ValueError(f"engine: {engine!r} is not one of 'pytorch', 'onnxruntime'")
-        if engine == "onnxruntime" and device != "cpu":
-            raise ValueError(f"the onnxruntime engine decodes on the CPU, not {device}")
+        default RUN/onnx, exported there on first use; CPU only; decode/onnx_engine.py).
+        ``engine="native"``: the search and the decoder step in C++ over the model's own
+        weights and kernels (CPU only; compiled on first use; decode/native)."""
+        if engine not in ENGINES:
+            raise ValueError(f"engine: {engine!r} is not one of {', '.join(map(repr, ENGINES))}")
+        if engine != "pytorch" and device != "cpu":
+            raise ValueError(f"the {engine} engine decodes on the CPU, not {device}")
         config, vocab, model = load_run(run_dir, weights=weights)
         if engine == "onnxruntime":
             from wtnmt.decode.onnx_engine import load_network
@@ -96,12 +100,19 @@ class Translator:
             return translator
         if quantize != "none":
             quantize_decoding(model, quantize)
-        return cls(model.to(device), vocab, config, torch.device(device))
+        translator = cls(model.to(device), vocab, config, torch.device(device))
+        if engine == "native":
+            from wtnmt.decode.native.network import NativeEngine
+
+            translator.network = NativeEngine(model, say=say)
+        return translator
 
     @property
-    def engine(self) -> Literal["pytorch", "onnxruntime"]:
-        """What runs the network for search."""
-        return "pytorch" if self.network is self.model else "onnxruntime"
+    def engine(self) -> Literal["pytorch", "native", "onnxruntime"]:
+        """What runs the search."""
+        if self.network is self.model:
+            return "pytorch"
+        return getattr(self.network, "engine", "onnxruntime")  # type: ignore[no-any-return]
 
     @property
     def quantize(self) -> Literal["none", "int8"]:
@@ -226,7 +237,7 @@ class Translator:
         if self.device.type != "cpu":
             raise ValueError(f"decoding workers run on the CPU, not {self.device}")
         if self.engine != "pytorch":
-            raise ValueError("decoding workers run the PyTorch engine (ONNX Runtime has threads)")
+            raise ValueError(f"decoding workers run the PyTorch engine, not {self.engine}")
         self.close()
         self._workers = SearchWorkers(
             self.model,

@@ -98,6 +98,22 @@ class PackedLinear:
             return F.linear(x, weight, bias)
         if not (_cpu_float32(x, weight) and (self.int8 or onednn_available())):
             return F.linear(x, weight, bias)
+        rows = max(1, x.numel() // x.size(-1))
+        packed = self.prepared(weight, bias, rows=rows, key=key)
+        flat = x.reshape(-1, x.size(-1))
+        if self.int8:
+            out = torch.ops.quantized.linear_dynamic(flat, packed, int8_reduce_range())
+        else:
+            out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
+        return out.view(*x.shape[:-1], out.size(-1))
+
+    def prepared(
+        self, weight: Tensor, bias: Tensor | None = None, *, rows: int = 1, key: object = None
+    ) -> object:
+        """The packed copy of ``weight`` this product multiplies by (packed now unless the
+        one kept is of the same weights): oneDNN's float32 layout (``rows``, the activation's
+        rows, a hint for it), or FBGEMM's int8 weight with ``bias`` inside. The native engine
+        (decode/native) multiplies by the same copies."""
         if key is None:
             key = (weight.data_ptr(), weight._version, weight.shape, weight.stride())
             if bias is not None:  # int8 packs the bias with the weight
@@ -106,16 +122,10 @@ class PackedLinear:
         if self._packed is None or self._key != key:
             if self.int8:
                 self._packed = pack_int8(weight.detach(), None if bias is None else bias.detach())
-            else:
-                rows = max(1, x.numel() // x.size(-1))  # a hint for the layout
+            else:  # (rows: a hint for the layout)
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
             self._key = key
-        flat = x.reshape(-1, x.size(-1))
-        if self.int8:
-            out = torch.ops.quantized.linear_dynamic(flat, self._packed, int8_reduce_range())
-        else:
-            out = torch.ops.mkldnn._linear_pointwise(flat, self._packed, bias, "none", [], "")
-        return out.view(*x.shape[:-1], out.size(-1))
+        return self._packed
 
     def __deepcopy__(self, memo: dict) -> PackedLinear:
         copy = PackedLinear()  # a copy packs its own weight when it first needs it

@@ -165,7 +165,7 @@ def model_info(
         "architecture": "weighted-transformer" if table else "transformer",
         "parameters": count_parameters(translator.model),
         "quantize": translator.quantize,  # "int8": linear layers decode in int8
-        "engine": translator.engine,  # "pytorch" or "onnxruntime"
+        "engine": translator.engine,  # "pytorch", "native" or "onnxruntime"
         "source_language": translator.config.data.src_lang,
         "target_language": translator.config.data.tgt_lang,
         "vocabulary_size": len(translator.vocab.target),  # the target's (and output's)

@@ -184,7 +184,8 @@ def main_serve(args: argparse.Namespace) -> int:
         f"wtnmt serve: {run} at http://{shown}:{port}/  (API: /v1/translate, docs: /docs; "
         f"{'batching on' if settings.max_batch_sentences > 1 else 'no batching'}"
         f"{'; int8 decoding' if args.quantize == 'int8' else ''}"
-        f"{'; ONNX Runtime' if args.engine == 'onnxruntime' else ''}; Ctrl-C stops)",
+        f"{'; ONNX Runtime' if args.engine == 'onnxruntime' else ''}"
+        f"{'; native engine' if args.engine == 'native' else ''}; Ctrl-C stops)",
         file=sys.stderr,
         flush=True,
     )

@@ -163,7 +163,7 @@ def choose_search(body: TranslateRequest, state: Any) -> Search:
         raise ApiError(
             422,
             f"branch_weights={body.branch_weights!r}: this server decodes with "
-            f"{translator.engine}, whose exported weights are the learned ones",
+            f"{translator.engine}, which decodes with the learned ones only",
             reason="engine",
             field="branch_weights",
         )

@@ -1,0 +1,508 @@
+// wtnmt's native search: decode/search.py's greedy and beam search, and the model's decoder
+// step (model/transformer.py's decode_step over model/cache.py's buffers), in C++ over the
+// same ATen operators, the same oneDNN-packed float32 and FBGEMM-packed int8 products, in the
+// same order. What leaves Python is the interpreter and its dispatch around ~250 operator
+// calls a step; every number is computed as the PyTorch engine computes it.
+//
+// Built on first use by torch.utils.cpp_extension (decode/native/__init__.py).
+
+#include <torch/extension.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/quantized/PackedParams.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+using at::Tensor;
+using Int8 = c10::intrusive_ptr<LinearPackedParamsBase>;
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+constexpr int64_t kBlock = 128;  // decode/search.py's _BLOCK
+
+// x·Wᵀ (+ b) as model/packed.py's PackedLinear computes it: oneDNN's packed float32 product,
+// FBGEMM's dynamically quantised int8 one (bias packed in), or a plain matmul by an [in, out]
+// matrix (the weighted self-attention's merge, which the PyTorch engine never packs).
+struct Product {
+  int kind = 0;  // 0 oneDNN, 1 int8, 2 matmul
+  Tensor weight;  // oneDNN-packed [out, in], or the [in, out] matrix of kind 2
+  std::optional<Tensor> bias;
+  Int8 int8;
+};
+
+Tensor onednn_linear(const Tensor& x, const Tensor& w, const std::optional<Tensor>& b) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+          .typed<Tensor(
+              const Tensor&, const Tensor&, const std::optional<Tensor>&, c10::string_view,
+              c10::List<std::optional<at::Scalar>>, std::optional<c10::string_view>)>();
+  return op.call(x, w, b, "none", c10::List<std::optional<at::Scalar>>(), std::string(""));
+}
+
+bool g_reduce_range = true;
+
+// a Python float in an operator call (a wrapped number: computed in the tensor's dtype)
+Tensor scalar(double value) {
+  Tensor t = c10::scalar_to_tensor(value);
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
+}
+
+Tensor apply(const Product& p, const Tensor& x) {
+  switch (p.kind) {
+    case 0:
+      return onednn_linear(x, p.weight, p.bias);
+    case 1:
+      return p.int8->apply_dynamic(x, g_reduce_range);
+    default:
+      return x.matmul(p.weight);
+  }
+}
+
+// One decoder layer's weights and shapes.
+struct Layer {
+  int cross_kind = 0;  // 0 multi-head + FFN, 1 branched (split FFNs), 2 branched (shared FFN)
+  int64_t self_heads = 0, self_dk = 0, cross_heads = 0, cross_dk = 0;  // (cross: branches kept)
+  // self_out: W^O packed, or the weighted self-attention's Σ α_i κ_i W^{O_i} (a matmul);
+  // cross_out: W^O, or the branched sublayer's tail
+  Product qkv, self_out, cross_q, cross_out, fc1, fc2;
+  Tensor norms[6];  // each residual's layer norm: weight, bias (self, cross, FFN)
+  Tensor fused, b1, alpha;  // branched: W_i = κ_i W^{O_i} W1_i, b1, α (shared FFN)
+};
+
+// The source side and the self-attention buffers of one search (model/cache.py's LayerCache).
+struct State {
+  std::vector<Tensor> cross_k, cross_v;  // [H, B, S, Dk], keys ×1/√Dk
+  std::vector<std::optional<Tensor>> cross_bias;  // [H·B, 1, S] or none (no padding)
+  std::vector<Tensor> self_k, self_v;  // [H, B, steps, W, Dk]
+};
+
+class Engine {
+ public:
+  Engine(
+      Tensor embedding, double scale, Tensor positions, int64_t pad, int64_t bos, int64_t eos,
+      bool pre_norm, std::vector<Tensor> final_norm, Product output, std::vector<Layer> layers)
+      : embedding_(std::move(embedding)),
+        scale_(scale),
+        positions_(std::move(positions)),
+        pad_(pad),
+        bos_(bos),
+        eos_(eos),
+        pre_norm_(pre_norm),
+        final_norm_(std::move(final_norm)),
+        output_(std::move(output)),
+        layers_(std::move(layers)) {}
+
+  // Greedy search: the chosen tokens [B, T] (PAD after a sentence's EOS) and each step's
+  // log-probability of them [B, T]; decode/search.py's greedy_search makes hypotheses of them.
+  std::tuple<Tensor, Tensor> greedy(
+      std::vector<Tensor> cross_k, std::vector<Tensor> cross_v,
+      std::vector<std::optional<Tensor>> cross_bias, Tensor limit, int64_t min_len) {
+    at::NoGradGuard no_grad;
+    const int64_t b = limit.size(0);
+    const int64_t first_forced = limit.min().item<int64_t>();
+    const int64_t steps = limit.max().item<int64_t>() + 1;  // step t = limit forces EOS
+    State st = start(std::move(cross_k), std::move(cross_v), std::move(cross_bias), steps, 1);
+    Tensor tokens = at::full({b, steps + 1}, pad_, limit.options());
+    tokens.select(1, 0).fill_(bos_);
+    Tensor done = at::zeros({b}, limit.options().dtype(at::kBool));
+    std::vector<Tensor> best;
+    for (int64_t t = 0; t < steps; ++t) {
+      std::optional<Tensor> forced;
+      if (t >= first_forced) forced = limit.le(t);
+      Tensor logits = step(tokens.select(1, t), t, st, std::nullopt);
+      Tensor lprobs = constrain(at::log_softmax(logits.to(at::kFloat), -1), t, min_len, forced);
+      Tensor token = row_argmax(lprobs);
+      best.push_back(lprobs.gather(1, token.unsqueeze(1)).select(1, 0));
+      tokens.select(1, t + 1).copy_(token.masked_fill_(done, pad_));
+      done.bitwise_or_(token.eq(eos_));
+      if (done.all().item<bool>()) break;
+    }
+    const int64_t taken = static_cast<int64_t>(best.size());
+    return {tokens.narrow(1, 1, taken), at::stack(best, 1)};
+  }
+
+  using Hyp = std::tuple<std::vector<int64_t>, double, double>;  // tokens, score, log-prob
+
+  // Beam search: every sentence's finished hypotheses (at most ``beam``), in the order they
+  // finished; decode/search.py's beam_search ranks them and keeps the n best.
+  std::vector<std::vector<Hyp>> beam(
+      std::vector<Tensor> cross_k, std::vector<Tensor> cross_v,
+      std::vector<std::optional<Tensor>> cross_bias, Tensor limit, int64_t min_len,
+      int64_t beam, double alpha, bool fairseq) {
+    at::NoGradGuard no_grad;
+    const int64_t b = limit.size(0);
+    const int64_t first_forced = limit.min().item<int64_t>();
+    const int64_t steps = limit.max().item<int64_t>() + 1;
+    State st = start(std::move(cross_k), std::move(cross_v), std::move(cross_bias), steps, beam);
+    auto longs = limit.options();
+    Tensor prefix = at::full({b, 1}, bos_, longs);
+    Tensor scores = at::zeros({b, 1}, longs.dtype(at::kFloat));
+    Tensor active = at::arange(b, longs);
+    Tensor path = at::zeros({b, 0}, longs);  // the slot of each step on each prefix
+    std::vector<std::vector<Hyp>> finished(b);
+    for (int64_t t = 0; t < steps; ++t) {
+      const int64_t n = scores.size(0), group = scores.size(1);
+      std::optional<Tensor> forced;
+      if (t >= first_forced) forced = limit.le(t);
+      // model/transformer.py's decode_step: this step's slot of each hypothesis on its path,
+      // and the bias leaving each one its own slots (model/cache.py's own_slot_bias)
+      Tensor slot = at::remainder(at::arange(n * group, longs), group);
+      path = at::cat({path, slot.unsqueeze(1)}, 1);  // [N, t+1]
+      const int64_t width = beam, seen = path.size(1);
+      Tensor cols = at::arange(seen, longs) * width + path;
+      Tensor own = at::full({n * group, seen * width}, kNegInf, longs.dtype(at::kFloat))
+                       .scatter_(1, cols, 0.0)
+                       .view({n, group, seen * width});
+      Tensor logits = step(prefix.select(1, prefix.size(1) - 1), t, st, own);
+      Tensor lprobs = at::log_softmax(logits.to(at::kFloat), -1).view({n, group, -1});
+      constrain(lprobs, t, min_len, forced);
+      auto [top, origin, token] = top_extensions(lprobs, scores, 2 * beam);
+      std::optional<Tensor> rows, sentences;
+      bool usual = top.size(1) >= beam;
+      if (usual) {
+        Tensor odd = token.narrow(1, 0, beam).eq(eos_).any().bitwise_or(
+            top.select(1, beam - 1).isneginf().any());
+        usual = !odd.item<bool>();
+      }
+      if (usual) {  // no EOS among the best K, which all live on
+        top = top.narrow(1, 0, beam);
+        origin = origin.narrow(1, 0, beam);
+        token = token.narrow(1, 0, beam);
+      } else {
+        bool go_on = settle(
+            top, origin, token, scores, prefix, active, finished, beam, alpha, fairseq, rows);
+        if (!go_on) break;
+        if (rows) {  // some sentences are done: the source side shrinks
+          sentences = rows;
+          active = active.index_select(0, *rows);
+          limit = limit.index_select(0, *rows);
+        }
+      }
+      Tensor kept = rows ? *rows : at::arange(n, longs);
+      Tensor index = (kept.unsqueeze(1) * group + origin).view({-1});  // [n'·K]
+      prefix = at::cat({prefix.index_select(0, index), token.reshape({-1, 1})}, 1);
+      scores = top;
+      path = path.index_select(0, index);
+      if (sentences) shrink(st, *sentences);
+    }
+    return finished;
+  }
+
+ private:
+  State start(
+      std::vector<Tensor> cross_k, std::vector<Tensor> cross_v,
+      std::vector<std::optional<Tensor>> cross_bias, int64_t steps, int64_t width) const {
+    State st{std::move(cross_k), std::move(cross_v), std::move(cross_bias), {}, {}};
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const Layer& l = layers_[i];
+      const int64_t b = st.cross_k[i].size(1);
+      auto shape = std::vector<int64_t>{l.self_heads, b, steps, width, l.self_dk};
+      st.self_k.push_back(at::zeros(shape, embedding_.options()));
+      st.self_v.push_back(at::zeros(shape, embedding_.options()));
+    }
+    return st;
+  }
+
+  static void shrink(State& st, const Tensor& sentences) {
+    for (size_t i = 0; i < st.cross_k.size(); ++i) {
+      st.cross_k[i] = st.cross_k[i].index_select(1, sentences);
+      st.cross_v[i] = st.cross_v[i].index_select(1, sentences);
+      st.self_k[i] = st.self_k[i].index_select(1, sentences);
+      st.self_v[i] = st.self_v[i].index_select(1, sentences);
+      if (st.cross_bias[i]) {
+        const Tensor& bias = *st.cross_bias[i];
+        const int64_t h = st.cross_k[i].size(0), s = bias.size(-1);
+        st.cross_bias[i] = bias.view({h, -1, 1, s}).index_select(1, sentences).view({-1, 1, s});
+      }
+    }
+  }
+
+  Tensor norm(const Tensor& x, const Tensor& w, const Tensor& b) const {
+    return at::layer_norm(x, {x.size(-1)}, w, b);
+  }
+
+  // One step of N = B·G hypotheses, tokens [N] → logits [N, V] (decode_step).
+  Tensor step(const Tensor& tokens, int64_t t, State& st, const std::optional<Tensor>& own) {
+    const int64_t n = tokens.size(0), d = embedding_.size(1);
+    Tensor x = at::embedding(embedding_, tokens.unsqueeze(1), pad_) * scale_ +
+               positions_.narrow(0, t, 1);  // [N, 1, D]
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const Layer& l = layers_[i];
+      const int64_t b = st.cross_k[i].size(1), group = n / b;
+      // self-attention over each hypothesis' own prefix
+      {
+        Tensor h = pre_norm_ ? norm(x, l.norms[0], l.norms[1]) : x;
+        const int64_t heads = l.self_heads, dk = l.self_dk;
+        Tensor qkv = apply(l.qkv, h.reshape({n, d})).view({n, 1, 3, heads, dk})
+                         .permute({2, 3, 0, 1, 4});  // [3, H, N, 1, Dk]
+        Tensor& keys_buf = st.self_k[i];
+        Tensor& values_buf = st.self_v[i];
+        const int64_t width = keys_buf.size(3);
+        Tensor k_slot = keys_buf.select(2, t).narrow(2, 0, group);
+        at::mul_out(k_slot, qkv[1].view({heads, b, group, dk}), scalar(std::pow(dk, -0.5)));
+        values_buf.select(2, t).narrow(2, 0, group).copy_(qkv[2].view({heads, b, group, dk}));
+        Tensor keys = keys_buf.narrow(2, 0, t + 1).reshape({heads * b, (t + 1) * width, dk});
+        Tensor values = values_buf.narrow(2, 0, t + 1).reshape({heads * b, (t + 1) * width, dk});
+        Tensor scores = at::bmm(qkv[0].reshape({heads * b, group, dk}), keys.transpose(1, 2));
+        if (width > 1) scores.view({heads, b, group, (t + 1) * width}).add_(*own);
+        Tensor heads_out = at::bmm(scores.softmax(-1), values).view({heads, n, 1, dk});
+        Tensor concat = heads_out.permute({1, 2, 0, 3}).reshape({n, heads * dk});
+        Tensor out = apply(l.self_out, concat).view({n, 1, -1});
+        x = residual(x, out, l.norms[0], l.norms[1]);
+      }
+      // cross-attention (and the FFN, or the branches' FFNs)
+      {
+        Tensor h = pre_norm_ ? norm(x, l.norms[2], l.norms[3]) : x;
+        const int64_t heads = l.cross_heads, dk = l.cross_dk;
+        Tensor q = apply(l.cross_q, h.reshape({n, d})).view({n, 1, 1, heads, dk})
+                       .permute({2, 3, 0, 1, 4})[0];  // [H, N, 1, Dk]
+        const Tensor& k = st.cross_k[i];
+        const int64_t s = k.size(2);
+        Tensor q3 = q.reshape({heads * b, group, dk});
+        Tensor k_t = k.view({heads * b, s, dk}).transpose(1, 2);
+        Tensor scores = st.cross_bias[i] ? at::baddbmm(*st.cross_bias[i], q3, k_t)
+                                         : at::bmm(q3, k_t);
+        Tensor heads_out = at::bmm(scores.softmax(-1), st.cross_v[i].view({heads * b, s, dk}))
+                               .view({heads, n, 1, dk});
+        Tensor out;
+        if (l.cross_kind == 0) {
+          Tensor concat = heads_out.permute({1, 2, 0, 3}).reshape({n, heads * dk});
+          out = apply(l.cross_out, concat).view({n, 1, -1});
+        } else {
+          Tensor flat = heads_out.reshape({heads, n, dk});
+          if (l.cross_kind == 1) {
+            Tensor hid = at::baddbmm(l.b1.unsqueeze(1), flat, l.fused).relu_();
+            Tensor concat = hid.permute({1, 0, 2}).reshape({n, -1});
+            out = apply(l.cross_out, concat).view({n, 1, -1});
+          } else {
+            Tensor hid = at::baddbmm(l.b1, flat, l.fused).relu_();
+            Tensor weighted = at::einsum("m,mnf->nf", {l.alpha, hid});
+            out = apply(l.cross_out, weighted).view({n, 1, -1});
+          }
+        }
+        x = residual(x, out, l.norms[2], l.norms[3]);
+      }
+      if (l.cross_kind == 0) {  // the Transformer's FFN sublayer
+        Tensor h = pre_norm_ ? norm(x, l.norms[4], l.norms[5]) : x;
+        Tensor hid = apply(l.fc1, h.reshape({n, d})).relu_();
+        Tensor out = apply(l.fc2, hid).view({n, 1, -1});
+        x = residual(x, out, l.norms[4], l.norms[5]);
+      }
+    }
+    if (pre_norm_) x = norm(x, final_norm_[0], final_norm_[1]);
+    return apply(output_, x.select(1, 0));
+  }
+
+  Tensor residual(const Tensor& x, const Tensor& out, const Tensor& w, const Tensor& b) const {
+    Tensor sum = x + out;
+    return pre_norm_ ? sum : norm(sum, w, b);
+  }
+
+  // decode/search.py's _constrain, in place
+  Tensor constrain(Tensor lprobs, int64_t t, int64_t min_len, const std::optional<Tensor>& forced)
+      const {
+    std::vector<int64_t> ruled = {pad_, bos_};
+    if (t < min_len) ruled.push_back(eos_);
+    for (int64_t token : ruled) lprobs.narrow(-1, token, 1).fill_(kNegInf);
+    if (forced) {
+      lprobs.index_put_({*forced}, kNegInf);
+      lprobs.index_put_({*forced, at::indexing::Ellipsis, eos_}, 0.0);
+    }
+    return lprobs;
+  }
+
+  // decode/search.py's row_argmax
+  static Tensor row_argmax(const Tensor& x) {
+    const int64_t n = x.size(0), v = x.size(1);
+    if (v <= 4 * kBlock) return x.argmax(1);
+    const int64_t full = v / kBlock * kBlock;
+    Tensor maxima = x.narrow(1, 0, full).reshape({n, -1, kBlock}).amax(-1);
+    if (full < v) maxima = at::cat({maxima, x.narrow(1, full, v - full).amax(-1, true)}, -1);
+    Tensor start = maxima.argmax(1, true) * kBlock;
+    Tensor cols = (start + at::arange(kBlock, x.options().dtype(at::kLong))).clamp_max_(v - 1);
+    return cols.gather(1, x.gather(1, cols).argmax(1, true)).select(1, 0);
+  }
+
+  // decode/search.py's top_extensions
+  static std::tuple<Tensor, Tensor, Tensor> top_extensions(
+      const Tensor& lprobs, const Tensor& scores, int64_t k) {
+    const int64_t n = lprobs.size(0), g = lprobs.size(1), v = lprobs.size(2);
+    k = std::min(k, g * v);
+    if (v <= 4 * kBlock) {
+      auto [top, flat] = (scores.unsqueeze(2) + lprobs).view({n, -1}).topk(k, 1);
+      return {top, at::floor_divide(flat, v), at::remainder(flat, v)};
+    }
+    const int64_t full = v / kBlock * kBlock;
+    Tensor maxima = lprobs.narrow(2, 0, full).reshape({n, g, -1, kBlock}).amax(-1);
+    if (full < v) maxima = at::cat({maxima, lprobs.narrow(2, full, v - full).amax(-1, true)}, -1);
+    const int64_t per_hyp = maxima.size(-1);
+    maxima = (maxima + scores.unsqueeze(2)).view({n, -1});
+    Tensor best = std::get<1>(maxima.topk(std::min(k, maxima.size(1)), 1));
+    Tensor hyp = at::floor_divide(best, per_hyp);
+    Tensor cols = (at::remainder(best, per_hyp) * kBlock).unsqueeze(2) +
+                  at::arange(kBlock, best.options());
+    Tensor flat = hyp.unsqueeze(2) * v + cols.clamp_max(v - 1);
+    Tensor values = lprobs.view({n, -1}).gather(1, flat.view({n, -1})).view_as(flat);
+    values = (values + scores.gather(1, hyp).unsqueeze(2)).masked_fill(cols.ge(v), kNegInf);
+    auto [top, pos] = values.view({n, -1}).topk(k, 1);
+    flat = flat.view({n, -1}).gather(1, pos);
+    return {top, at::floor_divide(flat, v), at::remainder(flat, v)};
+  }
+
+  static double penalty(int64_t length, double alpha, bool fairseq) {
+    return fairseq ? std::pow(static_cast<double>(length), alpha)
+                   : std::pow((5.0 + static_cast<double>(length)) / 6.0, alpha);
+  }
+
+  // decode/search.py's _settle. Returns false when every sentence is done; otherwise
+  // top/origin/token become the K that live on and ``rows`` the sentences still searched
+  // (unset: all of them).
+  bool settle(
+      Tensor& top, Tensor& origin, Tensor& token, const Tensor& scores, const Tensor& prefix,
+      const Tensor& active, std::vector<std::vector<Hyp>>& finished, int64_t beam, double alpha,
+      bool fairseq, std::optional<Tensor>& rows) const {
+    const int64_t n = scores.size(0), group = scores.size(1);
+    Tensor alive = top.gt(kNegInf);
+    Tensor is_eos = token.eq(eos_);
+    Tensor ends = is_eos.bitwise_and(alive).bitwise_and(
+        at::arange(top.size(1), active.options()).lt(beam));
+    Tensor live = is_eos.logical_not().bitwise_and(alive);
+    Tensor live_rank = live.cumsum(1) - 1;
+    live.bitwise_and_(live_rank.lt(beam));
+    Tensor n_live = live.sum(1);
+    Tensor ending = ends.nonzero();
+    auto sents = active.accessor<int64_t, 1>();
+    auto prefix_row = [&](int64_t r) {
+      Tensor row = prefix.select(0, r).narrow(0, 1, prefix.size(1) - 1).contiguous();
+      const int64_t* p = row.data_ptr<int64_t>();
+      return std::vector<int64_t>(p, p + row.numel());
+    };
+    if (ending.size(0) > 0) {
+      auto e = ending.accessor<int64_t, 2>();
+      Tensor top_d = top.to(at::kDouble);
+      auto top_a = top_d.accessor<double, 2>();
+      auto origin_a = origin.accessor<int64_t, 2>();
+      for (int64_t j = 0; j < ending.size(0); ++j) {
+        const int64_t row = e[j][0], r = e[j][1];
+        auto& hyps = finished[sents[row]];
+        if (static_cast<int64_t>(hyps.size()) < beam) {
+          std::vector<int64_t> toks = prefix_row(row * group + origin_a[row][r]);
+          const double score = top_a[row][r];
+          const double lp = penalty(static_cast<int64_t>(toks.size()) + 1, alpha, fairseq);
+          hyps.emplace_back(std::move(toks), score / lp, score);
+        }
+      }
+    }
+    Tensor none_live = n_live.eq(0).nonzero().select(1, 0);
+    auto none_a = none_live.accessor<int64_t, 1>();
+    for (int64_t j = 0; j < none_live.size(0); ++j) {
+      const int64_t row = none_a[j];
+      auto& hyps = finished[sents[row]];
+      if (hyps.empty()) {  // nothing may follow (e.g. min_len): end the best prefix
+        const double best = scores[row].max().item<double>();
+        const int64_t which = scores[row].argmax().item<int64_t>();
+        std::vector<int64_t> toks = prefix_row(row * group + which);
+        const double lp = penalty(static_cast<int64_t>(toks.size()) + 1, alpha, fairseq);
+        hyps.emplace_back(std::move(toks), best / lp, best);
+      }
+    }
+    std::vector<int64_t> counts;
+    for (int64_t row = 0; row < n; ++row)
+      counts.push_back(static_cast<int64_t>(finished[sents[row]].size()));
+    Tensor n_done = at::tensor(counts, active.options());
+    Tensor still = n_done.lt(beam).bitwise_and(n_live.gt(0));
+    if (!still.any().item<bool>()) return false;
+    Tensor slot = at::where(live, live_rank, beam);
+    Tensor new_score = at::full({n, beam + 1}, kNegInf, top.options());
+    Tensor new_origin = at::zeros({n, beam + 1}, origin.options());
+    Tensor new_token = at::full({n, beam + 1}, eos_, token.options());
+    new_score.scatter_(1, slot, top.masked_fill(live.logical_not(), kNegInf));
+    new_origin.scatter_(1, slot, origin);
+    new_token.scatter_(1, slot, token);
+    if (still.all().item<bool>()) {
+      top = new_score.narrow(1, 0, beam);
+      origin = new_origin.narrow(1, 0, beam);
+      token = new_token.narrow(1, 0, beam);
+      return true;
+    }
+    Tensor kept = still.nonzero().select(1, 0);
+    top = new_score.index_select(0, kept).narrow(1, 0, beam);
+    origin = new_origin.index_select(0, kept).narrow(1, 0, beam);
+    token = new_token.index_select(0, kept).narrow(1, 0, beam);
+    rows = kept;
+    return true;
+  }
+
+  Tensor embedding_;
+  double scale_;
+  Tensor positions_;
+  int64_t pad_, bos_, eos_;
+  bool pre_norm_;
+  std::vector<Tensor> final_norm_;
+  Product output_;
+  std::vector<Layer> layers_;
+};
+
+Int8 int8_params(const py::object& packed) {
+  // a ScriptObject of quantized::linear_prepack (model/packed.py's pack_int8)
+  auto object = py::cast<torch::jit::Object>(packed);
+  return c10::IValue(object._ivalue()).toCustomClass<LinearPackedParamsBase>();
+}
+
+Product product(int kind, Tensor weight, std::optional<Tensor> bias, const py::object& int8) {
+  Product p;
+  p.kind = kind;
+  p.weight = std::move(weight);
+  p.bias = std::move(bias);
+  if (kind == 1) p.int8 = int8_params(int8);
+  return p;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "wtnmt's native greedy and beam search (decode/native)";
+  m.def("set_reduce_range", [](bool on) { g_reduce_range = on; });
+  py::class_<Product>(m, "Product")
+      .def(py::init(&product), py::arg("kind"), py::arg("weight"), py::arg("bias"),
+           py::arg("int8"));
+  py::class_<Layer>(m, "Layer")
+      .def(py::init([](int cross_kind, int64_t self_heads, int64_t self_dk, int64_t cross_heads,
+                       int64_t cross_dk, std::vector<Product> products, std::vector<Tensor> norms,
+                       std::vector<Tensor> branched) {
+             Layer l;
+             l.cross_kind = cross_kind;
+             l.self_heads = self_heads;
+             l.self_dk = self_dk;
+             l.cross_heads = cross_heads;
+             l.cross_dk = cross_dk;
+             TORCH_CHECK(products.size() == 6, "a layer takes six products");
+             l.qkv = products[0];
+             l.self_out = products[1];
+             l.cross_q = products[2];
+             l.cross_out = products[3];
+             l.fc1 = products[4];
+             l.fc2 = products[5];
+             TORCH_CHECK(norms.size() == 6, "a layer takes six norm tensors");
+             for (int j = 0; j < 6; ++j) l.norms[j] = norms[j];
+             TORCH_CHECK(branched.size() == 3, "a layer takes fused, b1, alpha");
+             l.fused = branched[0];
+             l.b1 = branched[1];
+             l.alpha = branched[2];
+             return l;
+           }));
+  py::class_<Engine>(m, "Engine")
+      .def(py::init<Tensor, double, Tensor, int64_t, int64_t, int64_t, bool, std::vector<Tensor>,
+                    Product, std::vector<Layer>>())
+      .def("greedy", &Engine::greedy, py::call_guard<py::gil_scoped_release>())
+      .def("beam", &Engine::beam, py::call_guard<py::gil_scoped_release>());
+}

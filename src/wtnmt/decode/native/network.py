@@ -1,0 +1,177 @@
+"""A PyTorch model's decoder handed to the native engine (engine.cpp), behind the interface
+decode/search.py's ``search_batch`` reads: ``pad_id``, ``max_positions`` and ``search``.
+
+The weights are the model's own, read at every batch (so a change of κ, α or of precision is
+seen at once), and its products are multiplied by the very copies the PyTorch engine packs
+(``PackedLinear.prepared``): oneDNN's float32 layout or FBGEMM's int8 one. That is what makes
+the two engines' translations the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from wtnmt.decode.native import NativeUnavailable, extension
+from wtnmt.decode.search import PENALTY_FORMS, Hypothesis, _limits, greedy_hypotheses
+from wtnmt.model.attention import MultiHeadAttention
+from wtnmt.model.branched import BranchedAttention
+from wtnmt.model.packed import PackedLinear, decoding_mode, int8_reduce_range, onednn_available
+from wtnmt.model.speed import fast_paths
+from wtnmt.special import BOS, EOS
+
+ONEDNN, INT8, MATMUL = 0, 1, 2  # engine.cpp's kinds of product
+
+
+class NativeEngine:
+    """Greedy and beam search of ``model`` (a Seq2Seq on the CPU, in float32) in C++."""
+
+    engine = "native"  # (Translator.engine)
+
+    def __init__(self, model: torch.nn.Module, say: Callable[[str], None] | None = None) -> None:
+        """``say``: told before the extension is compiled (its first use)."""
+        if next(model.parameters()).device.type != "cpu":
+            raise NativeUnavailable("--engine native decodes on the CPU only")
+        if not onednn_available() and decoding_mode(model) != "int8":
+            raise NativeUnavailable("--engine native needs PyTorch's oneDNN (x86 or ARM CPU)")
+        self.model = model
+        self.pad_id = model.pad_id
+        self.max_positions = model.max_positions
+        self._ext = extension(say)
+
+    @property
+    def quantize(self) -> str:
+        return decoding_mode(self.model)
+
+    def _product(
+        self,
+        linear: PackedLinear,
+        weight: Tensor,
+        bias: Tensor | None,
+        rows: int,
+        *,
+        key: object = None,
+    ):  # type: ignore[no-untyped-def]
+        packed = linear.prepared(weight, bias, rows=rows, key=key)
+        if linear.int8:
+            return self._ext.Product(INT8, torch.empty(0), None, packed)
+        return self._ext.Product(ONEDNN, packed, None if bias is None else bias.detach(), None)
+
+    def _engine(self, rows: int):  # type: ignore[no-untyped-def]
+        """The C++ engine over the model's weights as they are now (``rows``: the first
+        step's, the hint oneDNN lays its packed copies out for)."""
+        model, ext = self.model, self._ext
+        empty = torch.empty(0)
+        layers = []
+        for layer in model.decoder_layers:
+            self_attn, cross = layer.self_attn, layer.cross_attn
+            proj = self_attn.attn.proj
+            s_heads = self_attn.attn.heads
+            s_dk = proj.weight.size(0) // 3 // s_heads
+            w_out = self_attn.w_out.reshape(s_heads * s_dk, -1)
+            qkv = self._product(proj._qkv, proj.weight, None, rows)
+            if isinstance(self_attn, MultiHeadAttention):
+                self_out = self._product(self_attn._out, w_out.t(), None, rows)
+            else:  # weighted: Σ α_i κ_i head_i W^{O_i}, a plain matmul as merge_heads makes it
+                kappa, alpha = self_attn.branch_weights()
+                w = ((alpha * kappa)[:, None, None] * self_attn.w_out).reshape(s_heads * s_dk, -1)
+                self_out = ext.Product(MATMUL, w.detach(), None, None)
+            c_proj = cross.attn.proj
+            c_heads = cross.attn.heads
+            c_dk = c_proj.weight.size(0) // 3 // c_heads
+            cross_q = self._product(c_proj._q, c_proj.weight[: c_heads * c_dk], None, rows)
+            none = ext.Product(MATMUL, empty, None, None)
+            norms = [
+                p.detach()
+                for r in (layer.self_attn_res, layer.cross_attn_res)
+                for p in (r.norm.weight, r.norm.bias)
+            ]
+            if isinstance(cross, BranchedAttention):
+                kappa, alpha = cross.branch_weights()
+                fused, w2, b2 = cross._fused_weights(kappa, alpha)
+                key = None if cross._fused_cache is None else cross._fused_cache[0]
+                tail = self._product(cross._tail, w2.t(), b2, rows, key=key)
+                kind = 1 if cross.ffn == "split" else 2
+                products = [qkv, self_out, cross_q, tail, none, none]
+                branched = [fused.detach(), cross.b1.detach(), alpha.detach()]
+                norms += norms[2:4]  # (no FFN sublayer)
+            else:
+                c_out = cross.w_out.reshape(c_heads * c_dk, -1)
+                ffn = layer.ffn
+                products = [
+                    qkv,
+                    self_out,
+                    cross_q,
+                    self._product(cross._out, c_out.t(), None, rows),
+                    self._product(ffn._fc1, ffn.fc1.weight, ffn.fc1.bias, rows),
+                    self._product(ffn._fc2, ffn.fc2.weight, ffn.fc2.bias, rows),
+                ]
+                kind, branched = 0, [empty, empty, empty]
+                norms += [layer.ffn_res.norm.weight.detach(), layer.ffn_res.norm.bias.detach()]
+            layers.append(ext.Layer(kind, s_heads, s_dk, c_heads, c_dk, products, norms, branched))
+        final = model.decoder_norm
+        final_norm = [] if final is None else [final.weight.detach(), final.bias.detach()]
+        embedding = model.embedding
+        output = self._product(embedding._output, embedding.weight, None, rows)
+        ext.set_reduce_range(int8_reduce_range())
+        return ext.Engine(
+            embedding.weight.detach(),
+            float(embedding.scale),
+            model.positions._table().detach(),
+            model.pad_id,
+            BOS,
+            EOS,
+            final is not None,
+            final_norm,
+            output,
+            layers,
+        )
+
+    @torch.inference_mode()
+    def search(
+        self,
+        src: Tensor,
+        *,
+        beam: int,
+        nbest: int = 1,
+        alpha: float = 0.6,
+        penalty_form: str = "gnmt",
+        max_len_a: float = 1.5,
+        max_len_b: int = 10,
+        min_len: int = 0,
+        max_len: int | None = None,
+    ) -> list[list[Hypothesis]]:
+        """decode/search.py's ``search_batch``, run by the native engine."""
+        if not 1 <= nbest <= beam:
+            raise ValueError(f"nbest={nbest} must be between 1 and beam={beam}")
+        if penalty_form not in PENALTY_FORMS:
+            raise ValueError(
+                f"length penalty form {penalty_form!r} is not one of {', '.join(PENALTY_FORMS)}"
+            )
+        if not fast_paths():
+            raise NativeUnavailable("--engine native multiplies through the packed fast paths")
+        model = self.model
+        limit = _limits(model, src, max_len_a, max_len_b, max_len)
+        greedy = beam == 1 and nbest == 1
+        cache = model.init_cache(model.encode(src))  # the source side, once a batch
+        cross_k = [c.cross_k for c in cache.layers]
+        cross_v = [c.cross_v for c in cache.layers]
+        bias = [c.cross_bias for c in cache.layers]
+        engine = self._engine(src.size(0))
+        if greedy:
+            tokens, best = engine.greedy(cross_k, cross_v, bias, limit, min_len)
+            return [[h] for h in greedy_hypotheses(tokens, best)]
+        finished = engine.beam(
+            cross_k, cross_v, bias, limit, min_len, beam, alpha, penalty_form == "fairseq"
+        )
+        return [
+            sorted((Hypothesis(list(t), s, lp) for t, s, lp in hyps), key=lambda h: -h.score)[
+                :nbest
+            ]
+            for hyps in finished
+        ]
+
+
+__all__ = ["NativeEngine"]

@@ -1,0 +1,192 @@
+"""The native engine (`--engine native`, decode/native): for every kind of decoder the toolkit
+builds, in float32 and int8, its greedy and beam search find what the PyTorch engine finds
+(the same tokens, scores within 1e-4) under every search setting: both length penalties,
+n-best, min and max length, sentences ending at different steps, source padding. Behind
+`--engine`, the Python API and `serve`; where it cannot be built, one line says why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from wtnmt.decode.native import unavailable_reason
+
+if unavailable_reason() is not None:  # pragma: no cover - machines without a compiler
+    pytest.skip(f"the native engine cannot be built here: {unavailable_reason()}",
+                allow_module_level=True)  # fmt: skip
+
+from helpers import sentence, train_tiny
+from wtnmt import Translator
+from wtnmt.cli import main as cli
+from wtnmt.config import load_config
+from wtnmt.decode.native import NativeUnavailable
+from wtnmt.decode.native.network import NativeEngine
+from wtnmt.decode.search import search_batch
+from wtnmt.model import build_model, quantize_decoding
+from wtnmt.model.packed import int8_available
+from wtnmt.special import EOS, PAD
+
+# every decoder the builder makes, each option at least once (model/build.py)
+KINDS = {
+    "weighted": ("weighted-tiny", []),  # post-norm, multi-head self-attention, split FFNs
+    "transformer-learned-transparent": (
+        "transformer-tiny",
+        ["model.positions=learned", "model.encoder_combination=transparent"],
+    ),
+    "transformer-pre": ("transformer-tiny", ["model.norm=pre"]),
+    "weighted-pre-weighted-self-shared-topk": (
+        "weighted-tiny",
+        [
+            "model.norm=pre",
+            "model.decoder_self_attention=weighted",
+            "model.branch_ffn=shared",
+            "model.branch_weights=topk",
+            "model.encoder_combination=transparent",
+        ],
+    ),
+    "weighted-pruned": (  # `wtnmt prune`'s output: 1 to 3 of the 4 branches a sublayer
+        "weighted-tiny",
+        ["model.kept_branches={encoder: [[0, 2], [3]], decoder: [[1], [0, 1, 3]]}"],
+    ),
+}
+COMMON = ["model.d_model=32", "model.d_ff=64", "model.heads=4"]
+# (beam, nbest, α, form, min_len, max_len): every setting the search takes
+SETTINGS = [
+    (1, 1, 0.6, "gnmt", 0, None),
+    (1, 1, 0.6, "gnmt", 3, 7),
+    (4, 2, 0.6, "gnmt", 0, None),
+    (3, 3, 1.0, "fairseq", 2, None),
+    (5, 1, 0.0, "gnmt", 0, 6),
+]
+
+
+def _model(kind: str, vocab: int) -> torch.nn.Module:
+    """A model of ``kind`` with random weights whose output leans on EOS, so that sentences
+    and hypotheses end at many different steps."""
+    preset, overrides = KINDS[kind]
+    torch.manual_seed(sum(map(ord, kind)))
+    model = build_model(load_config(preset, [*COMMON, *overrides]).model, vocab_size=vocab)
+    with torch.no_grad():
+        model.embedding.weight.mul_(3.0)  # sharper distributions than at initialisation
+        model.embedding.weight[EOS].mul_(2.5)
+    return model.eval()
+
+
+def _sources(vocab: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(7)
+    src = torch.randint(4, vocab, (6, 9), generator=g)
+    src[:, -1] = EOS
+    for row, length in ((1, 5), (3, 3), (4, 7)):  # source padding
+        src[row, length:] = PAD
+        src[row, length - 1] = EOS
+    return src
+
+
+def _assert_same(want, got) -> None:  # type: ignore[no-untyped-def]
+    for mine, theirs in zip(want, got, strict=True):
+        assert [h.tokens for h in theirs] == [h.tokens for h in mine]
+        for a, b in zip(mine, theirs, strict=True):
+            assert abs(a.score - b.score) < 1e-4 and abs(a.log_prob - b.log_prob) < 1e-4
+
+
+@pytest.mark.parametrize("precision", ["float32", "int8"])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_native_search_finds_what_the_pytorch_engine_finds(kind, precision):
+    if precision == "int8" and not int8_available():
+        pytest.skip("this PyTorch build has no FBGEMM int8")
+    vocab = 600 if kind != "transformer-pre" else 300  # both top-k paths (blocked above 512)
+    model = _model(kind, vocab)
+    quantize_decoding(model, "int8" if precision == "int8" else "none")
+    native = NativeEngine(model)
+    src = _sources(vocab)
+    lengths = set()
+    for beam, nbest, alpha, form, min_len, max_len in SETTINGS:
+        options = {"beam": beam, "nbest": nbest, "alpha": alpha, "penalty_form": form,
+                   "min_len": min_len, "max_len": max_len}  # fmt: skip
+        want = search_batch(model, src, **options)
+        _assert_same(want, search_batch(native, src, **options))
+        lengths |= {len(h.tokens) for hyps in want for h in hyps}
+        if min_len:
+            assert min(len(h.tokens) for hyps in want for h in hyps) >= min_len - 1
+    assert len(lengths) >= 4  # hypotheses ended at many steps: every path of the search ran
+
+
+def test_a_change_of_weights_or_precision_is_seen_at_the_next_batch():
+    model = _model("weighted", 600)
+    native, src = NativeEngine(model), _sources(600)
+    before = search_batch(native, src, beam=2)
+    with torch.no_grad():
+        for p in model.decoder_layers[0].cross_attn.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    after = search_batch(native, src, beam=2)
+    _assert_same(search_batch(model, src, beam=2), after)
+    assert [h[0].score for h in after] != [h[0].score for h in before]
+    if int8_available():
+        quantize_decoding(model, "int8")
+        assert native.quantize == "int8"
+        _assert_same(search_batch(model, src, beam=2), search_batch(native, src, beam=2))
+
+
+def test_bad_settings_are_refused_as_by_the_pytorch_engine():
+    native = NativeEngine(_model("weighted", 600))
+    src = _sources(600)
+    with pytest.raises(ValueError, match="nbest=3 must be between 1 and beam=2"):
+        search_batch(native, src, beam=2, nbest=3)
+    with pytest.raises(ValueError, match="length penalty form 'wu'"):
+        search_batch(native, src, beam=2, penalty_form="wu")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):  # type: ignore[no-untyped-def]
+    return train_tiny(tmp_path_factory.mktemp("native"), max_steps=40)
+
+
+SOURCES = [sentence(i, 2 + i % 5) for i in range(12)]
+
+
+def test_translator_cli_and_server_on_the_native_engine(run, tmp_path, capsys):
+    from fastapi.testclient import TestClient
+
+    from wtnmt.serve.app import create_app
+    from wtnmt.serve.settings import ServeSettings
+
+    pytorch, native = Translator.load(run), Translator.load(run, engine="native")
+    assert (pytorch.engine, native.engine) == ("pytorch", "native")
+    want = pytorch.translate_nbest(SOURCES, beam=3, nbest=2)
+    got = native.translate_nbest(SOURCES, beam=3, nbest=2)
+    for mine, theirs in zip(want, got, strict=True):
+        assert [h.ids for h in theirs] == [h.ids for h in mine]
+        assert [h.score for h in theirs] == pytest.approx([h.score for h in mine], abs=1e-4)
+    with TestClient(create_app(native, ServeSettings())) as client:
+        assert client.get("/v1/model").json()["engine"] == "native"
+        answer = client.post("/v1/translate", json={"text": SOURCES[:4], "beam": 3}).json()
+        assert answer["translations"] == [n[0].text for n in want[:4]]
+    inp = tmp_path / "in.txt"
+    inp.write_text("\n".join(SOURCES) + "\n")
+    outputs = {}
+    for engine in ("pytorch", "native"):
+        out = tmp_path / f"{engine}.txt"
+        argv = ["translate", str(run), "-i", str(inp), "-o", str(out), "--engine", engine]
+        assert cli([*argv, "--beam", "3"]) == 0
+        outputs[engine] = out.read_text()
+    assert outputs["native"] == outputs["pytorch"]
+    capsys.readouterr()
+    argv = ["translate", str(run), "-i", str(inp), "--engine", "native"]
+    for extra, words in ((["--workers", "2"], "--workers 2"), (["--device", "cuda"], "CPU only")):
+        assert cli([*argv, *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and words in err
+
+
+def test_where_it_cannot_be_built_one_line_says_why(run, tmp_path, capsys, monkeypatch):
+    import wtnmt.decode.native as native
+
+    monkeypatch.setattr(native, "_loaded", [])
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    with pytest.raises(NativeUnavailable, match=r"no C\+\+ compiler \('no-such-compiler-here'"):
+        NativeEngine(_model("weighted", 600))
+    inp = tmp_path / "in.txt"
+    inp.write_text("alpha\n")
+    assert cli(["translate", str(run), "-i", str(inp), "--engine", "native"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no C++ compiler" in err
