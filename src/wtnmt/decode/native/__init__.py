@@ -26,6 +26,10 @@ from types import ModuleType
 from wtnmt.errors import EngineUnavailable
 
 SOURCE = Path(__file__).with_name("engine.cpp")
+# -O3: the attention kernels' loops vectorised. -fopenmp when compiling only: at::parallel_for
+# then runs on PyTorch's own OpenMP threads (its GOMP symbols are found through libtorch_cpu,
+# whatever its libgomp is called); linked to another libgomp, two thread pools would fight
+FLAGS = ["-O3", "-fopenmp"]
 
 
 class NativeUnavailable(EngineUnavailable):
@@ -51,7 +55,10 @@ def unavailable_reason() -> str | None:
 def _name() -> str:
     """The extension's name: its source's digest in it, so that a cached build is always of
     this source (and another version of wtnmt keeps its own)."""
-    return "wtnmt_native_" + hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha256(" ".join(FLAGS).encode())
+    for part in sorted(SOURCE.parent.glob("*.[ch]*")):  # engine.cpp and its headers
+        digest.update(part.name.encode() + part.read_bytes())
+    return "wtnmt_native_" + digest.hexdigest()[:12]
 
 
 def built() -> bool:
@@ -78,7 +85,7 @@ def extension(say: Callable[[str], None] | None = None) -> ModuleType:
     if say is not None and not built():
         say("compiling the native engine (once: about a minute)")
     try:
-        module = load(name=_name(), sources=[str(SOURCE)], extra_cflags=["-O2"], verbose=False)
+        module = load(name=_name(), sources=[str(SOURCE)], extra_cflags=FLAGS, verbose=False)
     except (RuntimeError, OSError, ImportError) as e:  # a compiler error: its first line
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise NativeUnavailable(f"--engine native: building {SOURCE.name} failed ({first})") from e

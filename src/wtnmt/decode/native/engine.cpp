@@ -2,70 +2,25 @@
 // step (model/transformer.py's decode_step over model/cache.py's buffers), in C++ over the
 // same ATen operators, the same oneDNN-packed float32 and FBGEMM-packed int8 products, in the
 // same order. What leaves Python is the interpreter and its dispatch around ~250 operator
-// calls a step; every number is computed as the PyTorch engine computes it.
+// calls a step. With ``fused`` off every number is computed as the PyTorch engine computes
+// it; on (float32), attention runs in attention.h's kernels instead, the same arithmetic up to
+// the order of float32 sums.
 //
 // Built on first use by torch.utils.cpp_extension (decode/native/__init__.py).
 
 #include <torch/extension.h>
 
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/native/quantized/PackedParams.h>
-
-#include <algorithm>
-#include <cmath>
-#include <limits>
 #include <optional>
-#include <string>
 #include <tuple>
 #include <vector>
 
+#include "attention.h"
+#include "products.h"
+#include "search_ops.h"
+
 namespace {
 
-using at::Tensor;
-using Int8 = c10::intrusive_ptr<LinearPackedParamsBase>;
-
-constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-constexpr int64_t kBlock = 128;  // decode/search.py's _BLOCK
-
-// x·Wᵀ (+ b) as model/packed.py's PackedLinear computes it: oneDNN's packed float32 product,
-// FBGEMM's dynamically quantised int8 one (bias packed in), or a plain matmul by an [in, out]
-// matrix (the weighted self-attention's merge, which the PyTorch engine never packs).
-struct Product {
-  int kind = 0;  // 0 oneDNN, 1 int8, 2 matmul
-  Tensor weight;  // oneDNN-packed [out, in], or the [in, out] matrix of kind 2
-  std::optional<Tensor> bias;
-  Int8 int8;
-};
-
-Tensor onednn_linear(const Tensor& x, const Tensor& w, const std::optional<Tensor>& b) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
-          .typed<Tensor(
-              const Tensor&, const Tensor&, const std::optional<Tensor>&, c10::string_view,
-              c10::List<std::optional<at::Scalar>>, std::optional<c10::string_view>)>();
-  return op.call(x, w, b, "none", c10::List<std::optional<at::Scalar>>(), std::string(""));
-}
-
-bool g_reduce_range = true;
-
-// a Python float in an operator call (a wrapped number: computed in the tensor's dtype)
-Tensor scalar(double value) {
-  Tensor t = c10::scalar_to_tensor(value);
-  t.unsafeGetTensorImpl()->set_wrapped_number(true);
-  return t;
-}
-
-Tensor apply(const Product& p, const Tensor& x) {
-  switch (p.kind) {
-    case 0:
-      return onednn_linear(x, p.weight, p.bias);
-    case 1:
-      return p.int8->apply_dynamic(x, g_reduce_range);
-    default:
-      return x.matmul(p.weight);
-  }
-}
+using namespace wtnmt_native;
 
 // One decoder layer's weights and shapes.
 struct Layer {
@@ -74,22 +29,22 @@ struct Layer {
   // self_out: W^O packed, or the weighted self-attention's Σ α_i κ_i W^{O_i} (a matmul);
   // cross_out: W^O, or the branched sublayer's tail
   Product qkv, self_out, cross_q, cross_out, fc1, fc2;
-  Tensor norms[6];  // each residual's layer norm: weight, bias (self, cross, FFN)
+  Tensor norms[6];          // each residual's layer norm: weight, bias (self, cross, FFN)
   Tensor fused, b1, alpha;  // branched: W_i = κ_i W^{O_i} W1_i, b1, α (shared FFN)
 };
 
 // The source side and the self-attention buffers of one search (model/cache.py's LayerCache).
 struct State {
-  std::vector<Tensor> cross_k, cross_v;  // [H, B, S, Dk], keys ×1/√Dk
+  std::vector<Tensor> cross_k, cross_v;           // [H, B, S, Dk], keys ×1/√Dk
   std::vector<std::optional<Tensor>> cross_bias;  // [H·B, 1, S] or none (no padding)
-  std::vector<Tensor> self_k, self_v;  // [H, B, steps, W, Dk]
+  std::vector<Tensor> self_k, self_v;             // [H, B, steps, W, Dk]
 };
 
 class Engine {
  public:
-  Engine(
-      Tensor embedding, double scale, Tensor positions, int64_t pad, int64_t bos, int64_t eos,
-      bool pre_norm, std::vector<Tensor> final_norm, Product output, std::vector<Layer> layers)
+  Engine(Tensor embedding, double scale, Tensor positions, int64_t pad, int64_t bos, int64_t eos,
+         bool pre_norm, std::vector<Tensor> final_norm, Product output, std::vector<Layer> layers,
+         bool fused)
       : embedding_(std::move(embedding)),
         scale_(scale),
         positions_(std::move(positions)),
@@ -99,13 +54,14 @@ class Engine {
         pre_norm_(pre_norm),
         final_norm_(std::move(final_norm)),
         output_(std::move(output)),
-        layers_(std::move(layers)) {}
+        layers_(std::move(layers)),
+        fused_(fused) {}
 
   // Greedy search: the chosen tokens [B, T] (PAD after a sentence's EOS) and each step's
   // log-probability of them [B, T]; decode/search.py's greedy_search makes hypotheses of them.
-  std::tuple<Tensor, Tensor> greedy(
-      std::vector<Tensor> cross_k, std::vector<Tensor> cross_v,
-      std::vector<std::optional<Tensor>> cross_bias, Tensor limit, int64_t min_len) {
+  std::tuple<Tensor, Tensor> greedy(std::vector<Tensor> cross_k, std::vector<Tensor> cross_v,
+                                    std::vector<std::optional<Tensor>> cross_bias, Tensor limit,
+                                    int64_t min_len) {
     at::NoGradGuard no_grad;
     const int64_t b = limit.size(0);
     const int64_t first_forced = limit.min().item<int64_t>();
@@ -118,8 +74,9 @@ class Engine {
     for (int64_t t = 0; t < steps; ++t) {
       std::optional<Tensor> forced;
       if (t >= first_forced) forced = limit.le(t);
-      Tensor logits = step(tokens.select(1, t), t, st, std::nullopt);
-      Tensor lprobs = constrain(at::log_softmax(logits.to(at::kFloat), -1), t, min_len, forced);
+      Tensor logits = step(tokens.select(1, t), t, st, std::nullopt, nullptr);
+      Tensor lprobs = constrain(at::log_softmax(logits.to(at::kFloat), -1), t, min_len, forced,
+                                pad_, bos_, eos_);
       Tensor token = row_argmax(lprobs);
       best.push_back(lprobs.gather(1, token.unsqueeze(1)).select(1, 0));
       tokens.select(1, t + 1).copy_(token.masked_fill_(done, pad_));
@@ -134,10 +91,9 @@ class Engine {
 
   // Beam search: every sentence's finished hypotheses (at most ``beam``), in the order they
   // finished; decode/search.py's beam_search ranks them and keeps the n best.
-  std::vector<std::vector<Hyp>> beam(
-      std::vector<Tensor> cross_k, std::vector<Tensor> cross_v,
-      std::vector<std::optional<Tensor>> cross_bias, Tensor limit, int64_t min_len,
-      int64_t beam, double alpha, bool fairseq) {
+  std::vector<std::vector<Hyp>> beam(std::vector<Tensor> cross_k, std::vector<Tensor> cross_v,
+                                     std::vector<std::optional<Tensor>> cross_bias, Tensor limit,
+                                     int64_t min_len, int64_t beam, double alpha, bool fairseq) {
     at::NoGradGuard no_grad;
     const int64_t b = limit.size(0);
     const int64_t first_forced = limit.min().item<int64_t>();
@@ -157,20 +113,25 @@ class Engine {
       // and the bias leaving each one its own slots (model/cache.py's own_slot_bias)
       Tensor slot = at::remainder(at::arange(n * group, longs), group);
       path = at::cat({path, slot.unsqueeze(1)}, 1);  // [N, t+1]
-      const int64_t width = beam, seen = path.size(1);
-      Tensor cols = at::arange(seen, longs) * width + path;
-      Tensor own = at::full({n * group, seen * width}, kNegInf, longs.dtype(at::kFloat))
-                       .scatter_(1, cols, 0.0)
-                       .view({n, group, seen * width});
-      Tensor logits = step(prefix.select(1, prefix.size(1) - 1), t, st, own);
+      std::optional<Tensor> own;  // (the fused attention follows the paths themselves)
+      if (!fused_) {
+        const int64_t width = beam, seen = path.size(1);
+        Tensor cols = at::arange(seen, longs) * width + path;
+        own = at::full({n * group, seen * width}, kNegInf, longs.dtype(at::kFloat))
+                  .scatter_(1, cols, 0.0)
+                  .view({n, group, seen * width});
+      }
+      Tensor logits = step(prefix.select(1, prefix.size(1) - 1), t, st, own, &path);
       Tensor lprobs = at::log_softmax(logits.to(at::kFloat), -1).view({n, group, -1});
-      constrain(lprobs, t, min_len, forced);
+      constrain(lprobs, t, min_len, forced, pad_, bos_, eos_);
       auto [top, origin, token] = top_extensions(lprobs, scores, 2 * beam);
       std::optional<Tensor> rows, sentences;
       bool usual = top.size(1) >= beam;
       if (usual) {
-        Tensor odd = token.narrow(1, 0, beam).eq(eos_).any().bitwise_or(
-            top.select(1, beam - 1).isneginf().any());
+        Tensor odd = token.narrow(1, 0, beam)
+                         .eq(eos_)
+                         .any()
+                         .bitwise_or(top.select(1, beam - 1).isneginf().any());
         usual = !odd.item<bool>();
       }
       if (usual) {  // no EOS among the best K, which all live on
@@ -178,8 +139,8 @@ class Engine {
         origin = origin.narrow(1, 0, beam);
         token = token.narrow(1, 0, beam);
       } else {
-        bool go_on = settle(
-            top, origin, token, scores, prefix, active, finished, beam, alpha, fairseq, rows);
+        bool go_on = settle(top, origin, token, scores, prefix, active, finished, beam, alpha,
+                            fairseq, rows);
         if (!go_on) break;
         if (rows) {  // some sentences are done: the source side shrinks
           sentences = rows;
@@ -198,11 +159,13 @@ class Engine {
   }
 
  private:
-  State start(
-      std::vector<Tensor> cross_k, std::vector<Tensor> cross_v,
-      std::vector<std::optional<Tensor>> cross_bias, int64_t steps, int64_t width) const {
+  State start(std::vector<Tensor> cross_k, std::vector<Tensor> cross_v,
+              std::vector<std::optional<Tensor>> cross_bias, int64_t steps, int64_t width) const {
     State st{std::move(cross_k), std::move(cross_v), std::move(cross_bias), {}, {}};
     for (size_t i = 0; i < layers_.size(); ++i) {
+      st.cross_k[i] = st.cross_k[i].contiguous();  // (the fused attention reads them raw)
+      st.cross_v[i] = st.cross_v[i].contiguous();
+      if (st.cross_bias[i]) st.cross_bias[i] = st.cross_bias[i]->contiguous();
       const Layer& l = layers_[i];
       const int64_t b = st.cross_k[i].size(1);
       auto shape = std::vector<int64_t>{l.self_heads, b, steps, width, l.self_dk};
@@ -231,7 +194,8 @@ class Engine {
   }
 
   // One step of N = B·G hypotheses, tokens [N] → logits [N, V] (decode_step).
-  Tensor step(const Tensor& tokens, int64_t t, State& st, const std::optional<Tensor>& own) {
+  Tensor step(const Tensor& tokens, int64_t t, State& st, const std::optional<Tensor>& own,
+              const Tensor* path) {
     const int64_t n = tokens.size(0), d = embedding_.size(1);
     Tensor x = at::embedding(embedding_, tokens.unsqueeze(1), pad_) * scale_ +
                positions_.narrow(0, t, 1);  // [N, 1, D]
@@ -242,42 +206,64 @@ class Engine {
       {
         Tensor h = pre_norm_ ? norm(x, l.norms[0], l.norms[1]) : x;
         const int64_t heads = l.self_heads, dk = l.self_dk;
-        Tensor qkv = apply(l.qkv, h.reshape({n, d})).view({n, 1, 3, heads, dk})
-                         .permute({2, 3, 0, 1, 4});  // [3, H, N, 1, Dk]
-        Tensor& keys_buf = st.self_k[i];
-        Tensor& values_buf = st.self_v[i];
-        const int64_t width = keys_buf.size(3);
-        Tensor k_slot = keys_buf.select(2, t).narrow(2, 0, group);
-        at::mul_out(k_slot, qkv[1].view({heads, b, group, dk}), scalar(std::pow(dk, -0.5)));
-        values_buf.select(2, t).narrow(2, 0, group).copy_(qkv[2].view({heads, b, group, dk}));
-        Tensor keys = keys_buf.narrow(2, 0, t + 1).reshape({heads * b, (t + 1) * width, dk});
-        Tensor values = values_buf.narrow(2, 0, t + 1).reshape({heads * b, (t + 1) * width, dk});
-        Tensor scores = at::bmm(qkv[0].reshape({heads * b, group, dk}), keys.transpose(1, 2));
-        if (width > 1) scores.view({heads, b, group, (t + 1) * width}).add_(*own);
-        Tensor heads_out = at::bmm(scores.softmax(-1), values).view({heads, n, 1, dk});
-        Tensor concat = heads_out.permute({1, 2, 0, 3}).reshape({n, heads * dk});
-        Tensor out = apply(l.self_out, concat).view({n, 1, -1});
-        x = residual(x, out, l.norms[0], l.norms[1]);
+        if (fused_) {
+          Tensor qkv = apply(l.qkv, h.reshape({n, d})).contiguous();
+          Tensor concat = at::empty({n, heads * dk}, qkv.options());
+          const Tensor* slots = st.self_k[i].size(3) > 1 ? path : nullptr;
+          fused_self(qkv, st.self_k[i], st.self_v[i], slots, t, heads, dk, concat);
+          x = residual(x, apply(l.self_out, concat).view({n, 1, -1}), l.norms[0], l.norms[1]);
+        } else {
+          Tensor qkv = apply(l.qkv, h.reshape({n, d}))
+                           .view({n, 1, 3, heads, dk})
+                           .permute({2, 3, 0, 1, 4});  // [3, H, N, 1, Dk]
+          Tensor& keys_buf = st.self_k[i];
+          Tensor& values_buf = st.self_v[i];
+          const int64_t width = keys_buf.size(3);
+          Tensor k_slot = keys_buf.select(2, t).narrow(2, 0, group);
+          at::mul_out(k_slot, qkv[1].view({heads, b, group, dk}), scalar(std::pow(dk, -0.5)));
+          values_buf.select(2, t).narrow(2, 0, group).copy_(qkv[2].view({heads, b, group, dk}));
+          Tensor keys = keys_buf.narrow(2, 0, t + 1).reshape({heads * b, (t + 1) * width, dk});
+          Tensor values = values_buf.narrow(2, 0, t + 1).reshape({heads * b, (t + 1) * width, dk});
+          Tensor scores = at::bmm(qkv[0].reshape({heads * b, group, dk}), keys.transpose(1, 2));
+          if (width > 1) scores.view({heads, b, group, (t + 1) * width}).add_(*own);
+          Tensor heads_out = at::bmm(scores.softmax(-1), values).view({heads, n, 1, dk});
+          Tensor concat = heads_out.permute({1, 2, 0, 3}).reshape({n, heads * dk});
+          Tensor out = apply(l.self_out, concat).view({n, 1, -1});
+          x = residual(x, out, l.norms[0], l.norms[1]);
+        }
       }
       // cross-attention (and the FFN, or the branches' FFNs)
       {
         Tensor h = pre_norm_ ? norm(x, l.norms[2], l.norms[3]) : x;
         const int64_t heads = l.cross_heads, dk = l.cross_dk;
-        Tensor q = apply(l.cross_q, h.reshape({n, d})).view({n, 1, 1, heads, dk})
-                       .permute({2, 3, 0, 1, 4})[0];  // [H, N, 1, Dk]
-        const Tensor& k = st.cross_k[i];
-        const int64_t s = k.size(2);
-        Tensor q3 = q.reshape({heads * b, group, dk});
-        Tensor k_t = k.view({heads * b, s, dk}).transpose(1, 2);
-        Tensor scores = st.cross_bias[i] ? at::baddbmm(*st.cross_bias[i], q3, k_t)
-                                         : at::bmm(q3, k_t);
-        Tensor heads_out = at::bmm(scores.softmax(-1), st.cross_v[i].view({heads * b, s, dk}))
-                               .view({heads, n, 1, dk});
+        Tensor heads_out;  // [H, N, 1, Dk] (the fused multi-head path: its concatenation)
         Tensor out;
-        if (l.cross_kind == 0) {
-          Tensor concat = heads_out.permute({1, 2, 0, 3}).reshape({n, heads * dk});
-          out = apply(l.cross_out, concat).view({n, 1, -1});
+        if (fused_) {
+          Tensor q = apply(l.cross_q, h.reshape({n, d})).contiguous();
+          const bool head_major = l.cross_kind != 0;
+          heads_out = head_major ? at::empty({heads, n, 1, dk}, q.options())
+                                 : at::empty({n, heads * dk}, q.options());
+          fused_cross(q, st.cross_k[i], st.cross_v[i], st.cross_bias[i], heads, dk, head_major,
+                      heads_out);
+          if (!head_major) out = apply(l.cross_out, heads_out).view({n, 1, -1});
         } else {
+          Tensor q = apply(l.cross_q, h.reshape({n, d}))
+                         .view({n, 1, 1, heads, dk})
+                         .permute({2, 3, 0, 1, 4})[0];  // [H, N, 1, Dk]
+          const Tensor& k = st.cross_k[i];
+          const int64_t s = k.size(2);
+          Tensor q3 = q.reshape({heads * b, group, dk});
+          Tensor k_t = k.view({heads * b, s, dk}).transpose(1, 2);
+          Tensor scores =
+              st.cross_bias[i] ? at::baddbmm(*st.cross_bias[i], q3, k_t) : at::bmm(q3, k_t);
+          heads_out = at::bmm(scores.softmax(-1), st.cross_v[i].view({heads * b, s, dk}))
+                          .view({heads, n, 1, dk});
+          if (l.cross_kind == 0) {
+            Tensor concat = heads_out.permute({1, 2, 0, 3}).reshape({n, heads * dk});
+            out = apply(l.cross_out, concat).view({n, 1, -1});
+          }
+        }
+        if (l.cross_kind != 0) {
           Tensor flat = heads_out.reshape({heads, n, dk});
           if (l.cross_kind == 1) {
             Tensor hid = at::baddbmm(l.b1.unsqueeze(1), flat, l.fused).relu_();
@@ -307,74 +293,17 @@ class Engine {
     return pre_norm_ ? sum : norm(sum, w, b);
   }
 
-  // decode/search.py's _constrain, in place
-  Tensor constrain(Tensor lprobs, int64_t t, int64_t min_len, const std::optional<Tensor>& forced)
-      const {
-    std::vector<int64_t> ruled = {pad_, bos_};
-    if (t < min_len) ruled.push_back(eos_);
-    for (int64_t token : ruled) lprobs.narrow(-1, token, 1).fill_(kNegInf);
-    if (forced) {
-      lprobs.index_put_({*forced}, kNegInf);
-      lprobs.index_put_({*forced, at::indexing::Ellipsis, eos_}, 0.0);
-    }
-    return lprobs;
-  }
-
-  // decode/search.py's row_argmax
-  static Tensor row_argmax(const Tensor& x) {
-    const int64_t n = x.size(0), v = x.size(1);
-    if (v <= 4 * kBlock) return x.argmax(1);
-    const int64_t full = v / kBlock * kBlock;
-    Tensor maxima = x.narrow(1, 0, full).reshape({n, -1, kBlock}).amax(-1);
-    if (full < v) maxima = at::cat({maxima, x.narrow(1, full, v - full).amax(-1, true)}, -1);
-    Tensor start = maxima.argmax(1, true) * kBlock;
-    Tensor cols = (start + at::arange(kBlock, x.options().dtype(at::kLong))).clamp_max_(v - 1);
-    return cols.gather(1, x.gather(1, cols).argmax(1, true)).select(1, 0);
-  }
-
-  // decode/search.py's top_extensions
-  static std::tuple<Tensor, Tensor, Tensor> top_extensions(
-      const Tensor& lprobs, const Tensor& scores, int64_t k) {
-    const int64_t n = lprobs.size(0), g = lprobs.size(1), v = lprobs.size(2);
-    k = std::min(k, g * v);
-    if (v <= 4 * kBlock) {
-      auto [top, flat] = (scores.unsqueeze(2) + lprobs).view({n, -1}).topk(k, 1);
-      return {top, at::floor_divide(flat, v), at::remainder(flat, v)};
-    }
-    const int64_t full = v / kBlock * kBlock;
-    Tensor maxima = lprobs.narrow(2, 0, full).reshape({n, g, -1, kBlock}).amax(-1);
-    if (full < v) maxima = at::cat({maxima, lprobs.narrow(2, full, v - full).amax(-1, true)}, -1);
-    const int64_t per_hyp = maxima.size(-1);
-    maxima = (maxima + scores.unsqueeze(2)).view({n, -1});
-    Tensor best = std::get<1>(maxima.topk(std::min(k, maxima.size(1)), 1));
-    Tensor hyp = at::floor_divide(best, per_hyp);
-    Tensor cols = (at::remainder(best, per_hyp) * kBlock).unsqueeze(2) +
-                  at::arange(kBlock, best.options());
-    Tensor flat = hyp.unsqueeze(2) * v + cols.clamp_max(v - 1);
-    Tensor values = lprobs.view({n, -1}).gather(1, flat.view({n, -1})).view_as(flat);
-    values = (values + scores.gather(1, hyp).unsqueeze(2)).masked_fill(cols.ge(v), kNegInf);
-    auto [top, pos] = values.view({n, -1}).topk(k, 1);
-    flat = flat.view({n, -1}).gather(1, pos);
-    return {top, at::floor_divide(flat, v), at::remainder(flat, v)};
-  }
-
-  static double penalty(int64_t length, double alpha, bool fairseq) {
-    return fairseq ? std::pow(static_cast<double>(length), alpha)
-                   : std::pow((5.0 + static_cast<double>(length)) / 6.0, alpha);
-  }
-
   // decode/search.py's _settle. Returns false when every sentence is done; otherwise
   // top/origin/token become the K that live on and ``rows`` the sentences still searched
   // (unset: all of them).
-  bool settle(
-      Tensor& top, Tensor& origin, Tensor& token, const Tensor& scores, const Tensor& prefix,
-      const Tensor& active, std::vector<std::vector<Hyp>>& finished, int64_t beam, double alpha,
-      bool fairseq, std::optional<Tensor>& rows) const {
+  bool settle(Tensor& top, Tensor& origin, Tensor& token, const Tensor& scores,
+              const Tensor& prefix, const Tensor& active, std::vector<std::vector<Hyp>>& finished,
+              int64_t beam, double alpha, bool fairseq, std::optional<Tensor>& rows) const {
     const int64_t n = scores.size(0), group = scores.size(1);
     Tensor alive = top.gt(kNegInf);
     Tensor is_eos = token.eq(eos_);
-    Tensor ends = is_eos.bitwise_and(alive).bitwise_and(
-        at::arange(top.size(1), active.options()).lt(beam));
+    Tensor ends =
+        is_eos.bitwise_and(alive).bitwise_and(at::arange(top.size(1), active.options()).lt(beam));
     Tensor live = is_eos.logical_not().bitwise_and(alive);
     Tensor live_rank = live.cumsum(1) - 1;
     live.bitwise_and_(live_rank.lt(beam));
@@ -450,6 +379,7 @@ class Engine {
   std::vector<Tensor> final_norm_;
   Product output_;
   std::vector<Layer> layers_;
+  bool fused_;
 };
 
 Int8 int8_params(const py::object& packed) {
@@ -479,30 +409,30 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init([](int cross_kind, int64_t self_heads, int64_t self_dk, int64_t cross_heads,
                        int64_t cross_dk, std::vector<Product> products, std::vector<Tensor> norms,
                        std::vector<Tensor> branched) {
-             Layer l;
-             l.cross_kind = cross_kind;
-             l.self_heads = self_heads;
-             l.self_dk = self_dk;
-             l.cross_heads = cross_heads;
-             l.cross_dk = cross_dk;
-             TORCH_CHECK(products.size() == 6, "a layer takes six products");
-             l.qkv = products[0];
-             l.self_out = products[1];
-             l.cross_q = products[2];
-             l.cross_out = products[3];
-             l.fc1 = products[4];
-             l.fc2 = products[5];
-             TORCH_CHECK(norms.size() == 6, "a layer takes six norm tensors");
-             for (int j = 0; j < 6; ++j) l.norms[j] = norms[j];
-             TORCH_CHECK(branched.size() == 3, "a layer takes fused, b1, alpha");
-             l.fused = branched[0];
-             l.b1 = branched[1];
-             l.alpha = branched[2];
-             return l;
-           }));
+        Layer l;
+        l.cross_kind = cross_kind;
+        l.self_heads = self_heads;
+        l.self_dk = self_dk;
+        l.cross_heads = cross_heads;
+        l.cross_dk = cross_dk;
+        TORCH_CHECK(products.size() == 6, "a layer takes six products");
+        l.qkv = products[0];
+        l.self_out = products[1];
+        l.cross_q = products[2];
+        l.cross_out = products[3];
+        l.fc1 = products[4];
+        l.fc2 = products[5];
+        TORCH_CHECK(norms.size() == 6, "a layer takes six norm tensors");
+        for (int j = 0; j < 6; ++j) l.norms[j] = norms[j];
+        TORCH_CHECK(branched.size() == 3, "a layer takes fused, b1, alpha");
+        l.fused = branched[0];
+        l.b1 = branched[1];
+        l.alpha = branched[2];
+        return l;
+      }));
   py::class_<Engine>(m, "Engine")
       .def(py::init<Tensor, double, Tensor, int64_t, int64_t, int64_t, bool, std::vector<Tensor>,
-                    Product, std::vector<Layer>>())
+                    Product, std::vector<Layer>, bool>())
       .def("greedy", &Engine::greedy, py::call_guard<py::gil_scoped_release>())
       .def("beam", &Engine::beam, py::call_guard<py::gil_scoped_release>());
 }

@@ -30,8 +30,20 @@ class NativeEngine:
 
     engine = "native"  # (Translator.engine)
 
-    def __init__(self, model: torch.nn.Module, say: Callable[[str], None] | None = None) -> None:
-        """``say``: told before the extension is compiled (its first use)."""
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        say: Callable[[str], None] | None = None,
+        *,
+        fused: bool = True,
+    ) -> None:
+        """``say``: told before the extension is compiled (its first use). ``fused``: float32
+        attention in engine.cpp's own single-query kernels (the default, faster; the PyTorch
+        engine's results up to the order of float32 sums); off, every operator is the PyTorch
+        engine's and so is every bit. int8 decoding always runs the PyTorch engine's
+        operators: there a difference of one float32 rounding can carry an activation across a
+        quantisation step, and the int8 translations are then no longer PyTorch's int8 ones
+        (whose quality is measured)."""
         if next(model.parameters()).device.type != "cpu":
             raise NativeUnavailable("--engine native decodes on the CPU only")
         if not onednn_available() and decoding_mode(model) != "int8":
@@ -40,6 +52,7 @@ class NativeEngine:
         self.pad_id = model.pad_id
         self.max_positions = model.max_positions
         self._ext = extension(say)
+        self.fused = fused
 
     @property
     def quantize(self) -> str:
@@ -127,6 +140,7 @@ class NativeEngine:
             final_norm,
             output,
             layers,
+            self.fused and decoding_mode(model) != "int8",
         )
 
     @torch.inference_mode()
