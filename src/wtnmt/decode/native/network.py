@@ -37,13 +37,11 @@ class NativeEngine:
         *,
         fused: bool = True,
     ) -> None:
-        """``say``: told before the extension is compiled (its first use). ``fused``: float32
-        attention in engine.cpp's own single-query kernels (the default, faster; the PyTorch
-        engine's results up to the order of float32 sums); off, every operator is the PyTorch
-        engine's and so is every bit. int8 decoding always runs the PyTorch engine's
-        operators: there a difference of one float32 rounding can carry an activation across a
-        quantisation step, and the int8 translations are then no longer PyTorch's int8 ones
-        (whose quality is measured)."""
+        """``say``: told before the extension is compiled (its first use). ``fused``:
+        attention in engine.cpp's own single-query kernels (the default, faster): in float32
+        the PyTorch engine's results up to the order of float32 sums; in int8 up to a
+        quantisation step where that order puts an activation on a step's other side. Off,
+        every operator is the PyTorch engine's and so is every bit."""
         if next(model.parameters()).device.type != "cpu":
             raise NativeUnavailable("--engine native decodes on the CPU only")
         if not onednn_available() and decoding_mode(model) != "int8":
@@ -140,7 +138,7 @@ class NativeEngine:
             final_norm,
             output,
             layers,
-            self.fused and decoding_mode(model) != "int8",
+            self.fused,
         )
 
     @torch.inference_mode()
