@@ -370,30 +370,19 @@ def search_batch(
     """The ``nbest`` best hypotheses of each sentence of ``src``: greedy search when
     beam = nbest = 1, beam search otherwise. An engine with a search of its own (``search``,
     decode/native) runs it with these settings."""
-    limits = {"max_len_a": max_len_a, "max_len_b": max_len_b, "min_len": min_len}
+    limits = {
+        "max_len_a": max_len_a,
+        "max_len_b": max_len_b,
+        "min_len": min_len,
+        "max_len": max_len,
+    }
+    ranking = {"alpha": alpha, "penalty_form": penalty_form}
     if hasattr(model, "search"):
-        return model.search(  # type: ignore[no-any-return]
-            src,
-            beam=beam,
-            nbest=nbest,
-            alpha=alpha,
-            penalty_form=penalty_form,
-            **limits,
-            max_len=max_len,
-        )
+        return model.search(src, beam=beam, nbest=nbest, **ranking, **limits)  # type: ignore[no-any-return]
     with _torch_threads_beside(model):
         if beam == 1 and nbest == 1:
-            return [[h] for h in greedy_search(model, src, **limits, max_len=max_len)]
-        return beam_search(
-            model,
-            src,
-            beam=beam,
-            nbest=nbest,
-            alpha=alpha,
-            penalty_form=penalty_form,
-            **limits,
-            max_len=max_len,
-        )
+            return [[h] for h in greedy_search(model, src, **limits)]
+        return beam_search(model, src, beam=beam, nbest=nbest, **ranking, **limits)
 
 
 @contextmanager

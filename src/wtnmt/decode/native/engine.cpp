@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "attention.h"
+#include "beam.h"
 #include "products.h"
 #include "search_ops.h"
 
@@ -87,8 +88,6 @@ class Engine {
     return {tokens.narrow(1, 1, taken), at::stack(best, 1)};
   }
 
-  using Hyp = std::tuple<std::vector<int64_t>, double, double>;  // tokens, score, log-prob
-
   // Beam search: every sentence's finished hypotheses (at most ``beam``), in the order they
   // finished; decode/search.py's beam_search ranks them and keeps the n best.
   std::vector<std::vector<Hyp>> beam(std::vector<Tensor> cross_k, std::vector<Tensor> cross_v,
@@ -140,7 +139,7 @@ class Engine {
         token = token.narrow(1, 0, beam);
       } else {
         bool go_on = settle(top, origin, token, scores, prefix, active, finished, beam, alpha,
-                            fairseq, rows);
+                            fairseq, eos_, rows);
         if (!go_on) break;
         if (rows) {  // some sentences are done: the source side shrinks
           sentences = rows;
@@ -291,84 +290,6 @@ class Engine {
   Tensor residual(const Tensor& x, const Tensor& out, const Tensor& w, const Tensor& b) const {
     Tensor sum = x + out;
     return pre_norm_ ? sum : norm(sum, w, b);
-  }
-
-  // decode/search.py's _settle. Returns false when every sentence is done; otherwise
-  // top/origin/token become the K that live on and ``rows`` the sentences still searched
-  // (unset: all of them).
-  bool settle(Tensor& top, Tensor& origin, Tensor& token, const Tensor& scores,
-              const Tensor& prefix, const Tensor& active, std::vector<std::vector<Hyp>>& finished,
-              int64_t beam, double alpha, bool fairseq, std::optional<Tensor>& rows) const {
-    const int64_t n = scores.size(0), group = scores.size(1);
-    Tensor alive = top.gt(kNegInf);
-    Tensor is_eos = token.eq(eos_);
-    Tensor ends =
-        is_eos.bitwise_and(alive).bitwise_and(at::arange(top.size(1), active.options()).lt(beam));
-    Tensor live = is_eos.logical_not().bitwise_and(alive);
-    Tensor live_rank = live.cumsum(1) - 1;
-    live.bitwise_and_(live_rank.lt(beam));
-    Tensor n_live = live.sum(1);
-    Tensor ending = ends.nonzero();
-    auto sents = active.accessor<int64_t, 1>();
-    auto prefix_row = [&](int64_t r) {
-      Tensor row = prefix.select(0, r).narrow(0, 1, prefix.size(1) - 1).contiguous();
-      const int64_t* p = row.data_ptr<int64_t>();
-      return std::vector<int64_t>(p, p + row.numel());
-    };
-    if (ending.size(0) > 0) {
-      auto e = ending.accessor<int64_t, 2>();
-      Tensor top_d = top.to(at::kDouble);
-      auto top_a = top_d.accessor<double, 2>();
-      auto origin_a = origin.accessor<int64_t, 2>();
-      for (int64_t j = 0; j < ending.size(0); ++j) {
-        const int64_t row = e[j][0], r = e[j][1];
-        auto& hyps = finished[sents[row]];
-        if (static_cast<int64_t>(hyps.size()) < beam) {
-          std::vector<int64_t> toks = prefix_row(row * group + origin_a[row][r]);
-          const double score = top_a[row][r];
-          const double lp = penalty(static_cast<int64_t>(toks.size()) + 1, alpha, fairseq);
-          hyps.emplace_back(std::move(toks), score / lp, score);
-        }
-      }
-    }
-    Tensor none_live = n_live.eq(0).nonzero().select(1, 0);
-    auto none_a = none_live.accessor<int64_t, 1>();
-    for (int64_t j = 0; j < none_live.size(0); ++j) {
-      const int64_t row = none_a[j];
-      auto& hyps = finished[sents[row]];
-      if (hyps.empty()) {  // nothing may follow (e.g. min_len): end the best prefix
-        const double best = scores[row].max().item<double>();
-        const int64_t which = scores[row].argmax().item<int64_t>();
-        std::vector<int64_t> toks = prefix_row(row * group + which);
-        const double lp = penalty(static_cast<int64_t>(toks.size()) + 1, alpha, fairseq);
-        hyps.emplace_back(std::move(toks), best / lp, best);
-      }
-    }
-    std::vector<int64_t> counts;
-    for (int64_t row = 0; row < n; ++row)
-      counts.push_back(static_cast<int64_t>(finished[sents[row]].size()));
-    Tensor n_done = at::tensor(counts, active.options());
-    Tensor still = n_done.lt(beam).bitwise_and(n_live.gt(0));
-    if (!still.any().item<bool>()) return false;
-    Tensor slot = at::where(live, live_rank, beam);
-    Tensor new_score = at::full({n, beam + 1}, kNegInf, top.options());
-    Tensor new_origin = at::zeros({n, beam + 1}, origin.options());
-    Tensor new_token = at::full({n, beam + 1}, eos_, token.options());
-    new_score.scatter_(1, slot, top.masked_fill(live.logical_not(), kNegInf));
-    new_origin.scatter_(1, slot, origin);
-    new_token.scatter_(1, slot, token);
-    if (still.all().item<bool>()) {
-      top = new_score.narrow(1, 0, beam);
-      origin = new_origin.narrow(1, 0, beam);
-      token = new_token.narrow(1, 0, beam);
-      return true;
-    }
-    Tensor kept = still.nonzero().select(1, 0);
-    top = new_score.index_select(0, kept).narrow(1, 0, beam);
-    origin = new_origin.index_select(0, kept).narrow(1, 0, beam);
-    token = new_token.index_select(0, kept).narrow(1, 0, beam);
-    rows = kept;
-    return true;
   }
 
   Tensor embedding_;
