@@ -34,7 +34,8 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from decode_speed import LENGTH, protocol_arguments, protocol_setup
-from wtnmt.decode.search import _constrain, greedy_search, row_argmax
+from wtnmt.decode.search import _constrain, greedy_search
+from wtnmt.decode.selection import row_argmax
 from wtnmt.model import attention_math, speed
 from wtnmt.special import BOS
 

@@ -42,7 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_profile import STEPS, ct2_step_ms
 from decode_speed import LENGTH, protocol_arguments, protocol_setup
 from wtnmt.config import load_config
-from wtnmt.decode.search import beam_search, greedy_search, top_extensions
+from wtnmt.decode.search import beam_search, greedy_search
+from wtnmt.decode.selection import top_extensions
 from wtnmt.model import build_model, quantize_decoding
 from wtnmt.model.packed import int8_reduce_range
 from wtnmt.special import BOS, EOS, PAD

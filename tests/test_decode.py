@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from wtnmt.config import ModelConfig
 from wtnmt.decode import beam_search, greedy_search, length_penalty
 from wtnmt.decode import search as search_module
-from wtnmt.decode.search import row_argmax, top_extensions
+from wtnmt.decode.selection import row_argmax, top_extensions
 from wtnmt.model import build_model
 from wtnmt.special import EOS, PAD
 

@@ -69,10 +69,10 @@ def test_the_scripted_loop_probe_computes_the_engines_translations_bit_for_bit(p
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 def test_the_engines_top_extensions_compile_under_torchscript_to_the_same_ranking():
-    """The scripted beam search calls decode/search.py's top_extensions itself; over a
+    """The scripted beam search calls decode/selection.py's top_extensions itself; over a
     vocabulary in blocks (V > 512, as the benchmark's 8,000, which the tiny model above does
     not reach) the compiled function ranks as the eager one: same values, hypotheses, tokens."""
-    from wtnmt.decode.search import top_extensions
+    from wtnmt.decode.selection import top_extensions
 
     g = torch.Generator().manual_seed(0)
     lprobs = torch.randn(4, 3, 1000, generator=g).log_softmax(-1)

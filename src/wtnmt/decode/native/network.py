@@ -1,5 +1,5 @@
 """A PyTorch model's decoder handed to the native engine (engine.cpp), behind the interface
-decode/search.py's ``search_batch`` reads: ``pad_id``, ``max_positions`` and ``search``.
+decode/search.py's ``search_batch`` reads of an engine with a search of its own: ``search``.
 
 The weights are the model's own, read at every batch (so a change of κ, α or of precision is
 seen at once), and its products are multiplied by the very copies the PyTorch engine packs
@@ -44,11 +44,7 @@ class NativeEngine:
         every operator is the PyTorch engine's and so is every bit."""
         if next(model.parameters()).device.type != "cpu":
             raise NativeUnavailable("--engine native decodes on the CPU only")
-        if not onednn_available() and decoding_mode(model) != "int8":
-            raise NativeUnavailable("--engine native needs PyTorch's oneDNN (x86 or ARM CPU)")
         self.model = model
-        self.pad_id = model.pad_id
-        self.max_positions = model.max_positions
         self._ext = extension(say)
         self.fused = fused
 
@@ -164,6 +160,8 @@ class NativeEngine:
             )
         if not fast_paths():
             raise NativeUnavailable("--engine native multiplies through the packed fast paths")
+        if not onednn_available() and self.quantize != "int8":  # (the precision may change)
+            raise NativeUnavailable("--engine native needs PyTorch's oneDNN in float32")
         model = self.model
         limit = _limits(model, src, max_len_a, max_len_b, max_len)
         greedy = beam == 1 and nbest == 1

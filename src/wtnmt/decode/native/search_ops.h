@@ -1,4 +1,5 @@
-// The native engine's search operations (engine.cpp): decode/search.py's, in ATen.
+// The native engine's search operations (engine.cpp): decode/search.py's and
+// decode/selection.py's, in ATen.
 #pragma once
 
 #include <torch/extension.h>
@@ -15,7 +16,7 @@ namespace wtnmt_native {
 using at::Tensor;
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-constexpr int64_t kBlock = 128;  // decode/search.py's _BLOCK
+constexpr int64_t kBlock = 128;  // decode/selection.py's _BLOCK
 
 // decode/search.py's _constrain, in place
 inline Tensor constrain(Tensor lprobs, int64_t t, int64_t min_len,
@@ -31,7 +32,7 @@ inline Tensor constrain(Tensor lprobs, int64_t t, int64_t min_len,
   return lprobs;
 }
 
-// decode/search.py's row_argmax
+// decode/selection.py's row_argmax
 inline Tensor row_argmax(const Tensor& x) {
   const int64_t n = x.size(0), v = x.size(1);
   if (v <= 4 * kBlock) return x.argmax(1);
@@ -43,7 +44,7 @@ inline Tensor row_argmax(const Tensor& x) {
   return cols.gather(1, x.gather(1, cols).argmax(1, true)).select(1, 0);
 }
 
-// decode/search.py's top_extensions
+// decode/selection.py's top_extensions
 inline std::tuple<Tensor, Tensor, Tensor> top_extensions(const Tensor& lprobs, const Tensor& scores,
                                                          int64_t k) {
   const int64_t n = lprobs.size(0), g = lprobs.size(1), v = lprobs.size(2);
