@@ -10,6 +10,8 @@
 #include <optional>
 #include <vector>
 
+#include "vectors.h"
+
 namespace wtnmt_native {
 
 using at::Tensor;
@@ -22,14 +24,8 @@ using at::Tensor;
 // Here a hypothesis scores only the t + 1 slots on its path. The arithmetic is the same up to
 // the order of float32 sums (the engines then agree within ~1e-6, not to the bit).
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-// one build for every x86-64 CPU: the loader picks the widest vectors the CPU has
-#define WTNMT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define WTNMT_CLONES
-#endif
-
-constexpr int64_t kLanes = 16;  // partial sums of a dot product
+constexpr int64_t kRows = 4;   // keys scored at once (independent chains of products)
+constexpr int64_t kChunk = 4;  // vectors of the values' weighted sum kept in registers
 
 // softmax(q·k_jᵀ + bias_j)·v_j over rows j < m (row j at k + rows[j]·dk, or j·dk when rows is
 // null; bias null: none) → out [dk]. ``scores``: room for m floats.
@@ -37,18 +33,26 @@ WTNMT_CLONES
 static void attend_rows(const float* q, const float* k, const float* v, const int64_t* rows,
                         int64_t m, int64_t dk, const float* bias, float* scores, float* out) {
   float top = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < m; ++j) {
-    const float* kr = k + (rows ? rows[j] : j) * dk;
-    float acc[kLanes] = {0};  // lanes summed independently: vectorised without reassociation
-    int64_t d = 0;
-    for (; d + kLanes <= dk; d += kLanes)
-      for (int64_t l = 0; l < kLanes; ++l) acc[l] += q[d + l] * kr[d + l];
-    float dot = 0;
-    for (int64_t l = 0; l < kLanes; ++l) dot += acc[l];
-    for (; d < dk; ++d) dot += q[d] * kr[d];
-    if (bias) dot += bias[j];
-    scores[j] = dot;
-    top = std::max(top, dot);
+  const int64_t whole = dk / kLanes * kLanes;
+  for (int64_t j = 0; j < m; j += kRows) {
+    const int64_t count = std::min(kRows, m - j);
+    const float* kr[kRows];
+    for (int64_t u = 0; u < kRows; ++u) {  // (past m: the last row again, its score unused)
+      const int64_t row = j + std::min(u, count - 1);
+      kr[u] = k + (rows ? rows[row] : row) * dk;
+    }
+    Lanes acc[kRows] = {};
+    for (int64_t d = 0; d < whole; d += kLanes) {
+      const Lanes qd = load(q + d);
+      for (int64_t u = 0; u < kRows; ++u) acc[u] += qd * load(kr[u] + d);
+    }
+    for (int64_t u = 0; u < count; ++u) {
+      float dot = lane_sum(acc[u]);
+      for (int64_t e = whole; e < dk; ++e) dot += q[e] * kr[u][e];
+      if (bias) dot += bias[j + u];
+      scores[j + u] = dot;
+      top = std::max(top, dot);
+    }
   }
   for (int64_t d = 0; d < dk; ++d) out[d] = 0;
   if (top == -std::numeric_limits<float>::infinity()) return;  // nothing to attend to
@@ -58,11 +62,19 @@ static void attend_rows(const float* q, const float* k, const float* v, const in
     sum += scores[j];
   }
   const float inv = 1.0f / sum;
-  for (int64_t j = 0; j < m; ++j) {
-    const float p = scores[j] * inv;
-    const float* vr = v + (rows ? rows[j] : j) * dk;
-    for (int64_t d = 0; d < dk; ++d) out[d] += p * vr[d];
+  for (int64_t j = 0; j < m; ++j) scores[j] *= inv;
+  // Σ_j p_j v_j, kChunk vectors of columns at a time in registers
+  int64_t d0 = 0;
+  for (; d0 + kChunk * kLanes <= dk; d0 += kChunk * kLanes) {
+    Lanes acc[kChunk] = {};
+    for (int64_t j = 0; j < m; ++j) {
+      const float* vr = v + (rows ? rows[j] : j) * dk + d0;
+      for (int64_t c = 0; c < kChunk; ++c) acc[c] += scores[j] * load(vr + c * kLanes);
+    }
+    for (int64_t c = 0; c < kChunk; ++c) store(out + d0 + c * kLanes, acc[c]);
   }
+  for (; d0 < dk; ++d0)
+    for (int64_t j = 0; j < m; ++j) out[d0] += scores[j] * v[(rows ? rows[j] : j) * dk + d0];
 }
 
 // Self-attention of N = B·G hypotheses at step t, qkv [N, 3·H·Dk] (this step's projections):
@@ -121,6 +133,59 @@ static void fused_cross(const Tensor& q, const Tensor& keys, const Tensor& value
       float* dst = head_major ? o + (h * n + r) * dk : o + r * heads * dk + h * dk;
       attend_rows(x + r * heads * dk + h * dk, k + block * dk, v + block * dk, nullptr, s, dk,
                   pad ? pad + block : nullptr, scores.data(), dst);
+    }
+  });
+}
+
+// The branched sublayer's cross-attention with its branches' first FFN products (split FFNs),
+// fused: per hypothesis r and branch h, head = attention as fused_cross computes it, then
+// hid[r, h·F' + f] = ReLU(Σ_d head[d]·W[h, d, f] + b1[h, f]) for W = ``fused`` [M, Dk, F']
+// (κ_i W^{O_i} W1_i) and b1 [M, F'] → out [N, M·F'], the concatenation the tail multiplies.
+// The PyTorch engine's baddbmm, ReLU and concatenation (a copy), in one pass that keeps each
+// head in registers; the same sums in another order.
+WTNMT_CLONES
+static void branch_first_product(const float* head, const float* w, const float* b1, int64_t dk,
+                                 int64_t width, float* out) {
+  int64_t f0 = 0;
+  for (; f0 + kChunk * kLanes <= width; f0 += kChunk * kLanes) {
+    Lanes acc[kChunk] = {};
+    for (int64_t d = 0; d < dk; ++d) {
+      const float* wr = w + d * width + f0;
+      for (int64_t c = 0; c < kChunk; ++c) acc[c] += head[d] * load(wr + c * kLanes);
+    }
+    for (int64_t c = 0; c < kChunk; ++c) {
+      const Lanes hid = acc[c] + load(b1 + f0 + c * kLanes);
+      store(out + f0 + c * kLanes, hid > 0 ? hid : 0);  // (ReLU)
+    }
+  }
+  for (; f0 < width; ++f0) {
+    float sum = 0;
+    for (int64_t d = 0; d < dk; ++d) sum += head[d] * w[d * width + f0];
+    out[f0] = std::max(sum + b1[f0], 0.0f);
+  }
+}
+
+static void fused_cross_branched(const Tensor& q, const Tensor& keys, const Tensor& values,
+                                 const std::optional<Tensor>& bias, int64_t heads, int64_t dk,
+                                 const Tensor& fused, const Tensor& b1, Tensor& out) {
+  const int64_t n = q.size(0), b = keys.size(1), s = keys.size(2), group = n / b;
+  const int64_t width = fused.size(2);
+  const float* x = q.data_ptr<float>();
+  const float* k = keys.data_ptr<float>();
+  const float* v = values.data_ptr<float>();
+  const float* w = fused.data_ptr<float>();
+  const float* bias1 = b1.data_ptr<float>();
+  const float* pad = bias ? bias->data_ptr<float>() : nullptr;
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, n * heads, 8, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(s), head(dk);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t r = i / heads, h = i % heads, sent = r / group;
+      const int64_t block = (h * b + sent) * s;
+      attend_rows(x + r * heads * dk + h * dk, k + block * dk, v + block * dk, nullptr, s, dk,
+                  pad ? pad + block : nullptr, scores.data(), head.data());
+      branch_first_product(head.data(), w + h * dk * width, bias1 + h * width, dk, width,
+                           o + (r * heads + h) * width);
     }
   });
 }

@@ -71,21 +71,29 @@ class Engine {
     Tensor tokens = at::full({b, steps + 1}, pad_, limit.options());
     tokens.select(1, 0).fill_(bos_);
     Tensor done = at::zeros({b}, limit.options().dtype(at::kBool));
-    std::vector<Tensor> best;
+    Tensor best = at::empty({b, steps}, embedding_.options());  // the chosen tokens' lprobs
+    limit = limit.contiguous();
+    int64_t taken = 0;
     for (int64_t t = 0; t < steps; ++t) {
+      Tensor logits = step(tokens.select(1, t), t, st, std::nullopt, nullptr);
+      Tensor lprobs = at::log_softmax(logits.to(at::kFloat), -1);
+      ++taken;
+      if (fused_) {  // the search's own step in one pass
+        if (greedy_pick(lprobs, t, min_len, limit, done, tokens.select(1, t + 1),
+                        best.select(1, t), pad_, bos_, eos_))
+          break;
+        continue;
+      }
       std::optional<Tensor> forced;
       if (t >= first_forced) forced = limit.le(t);
-      Tensor logits = step(tokens.select(1, t), t, st, std::nullopt, nullptr);
-      Tensor lprobs = constrain(at::log_softmax(logits.to(at::kFloat), -1), t, min_len, forced,
-                                pad_, bos_, eos_);
+      constrain(lprobs, t, min_len, forced, pad_, bos_, eos_);
       Tensor token = row_argmax(lprobs);
-      best.push_back(lprobs.gather(1, token.unsqueeze(1)).select(1, 0));
+      best.select(1, t).copy_(lprobs.gather(1, token.unsqueeze(1)).select(1, 0));
       tokens.select(1, t + 1).copy_(token.masked_fill_(done, pad_));
       done.bitwise_or_(token.eq(eos_));
       if (done.all().item<bool>()) break;
     }
-    const int64_t taken = static_cast<int64_t>(best.size());
-    return {tokens.narrow(1, 1, taken), at::stack(best, 1)};
+    return {tokens.narrow(1, 1, taken), best.narrow(1, 0, taken)};
   }
 
   // Beam search: every sentence's finished hypotheses (at most ``beam``), in the order they
@@ -239,12 +247,19 @@ class Engine {
         Tensor out;
         if (fused_) {
           Tensor q = apply(l.cross_q, h.reshape({n, d})).contiguous();
-          const bool head_major = l.cross_kind != 0;
-          heads_out = head_major ? at::empty({heads, n, 1, dk}, q.options())
-                                 : at::empty({n, heads * dk}, q.options());
-          fused_cross(q, st.cross_k[i], st.cross_v[i], st.cross_bias[i], heads, dk, head_major,
-                      heads_out);
-          if (!head_major) out = apply(l.cross_out, heads_out).view({n, 1, -1});
+          if (l.cross_kind == 1) {  // with the branches' first FFN products
+            Tensor hid = at::empty({n, heads * l.fused.size(2)}, q.options());
+            fused_cross_branched(q, st.cross_k[i], st.cross_v[i], st.cross_bias[i], heads, dk,
+                                 l.fused, l.b1, hid);
+            out = apply(l.cross_out, hid).view({n, 1, -1});
+          } else {
+            const bool head_major = l.cross_kind != 0;
+            heads_out = head_major ? at::empty({heads, n, 1, dk}, q.options())
+                                   : at::empty({n, heads * dk}, q.options());
+            fused_cross(q, st.cross_k[i], st.cross_v[i], st.cross_bias[i], heads, dk, head_major,
+                        heads_out);
+            if (!head_major) out = apply(l.cross_out, heads_out).view({n, 1, -1});
+          }
         } else {
           Tensor q = apply(l.cross_q, h.reshape({n, d}))
                          .view({n, 1, 1, heads, dk})
@@ -262,7 +277,7 @@ class Engine {
             out = apply(l.cross_out, concat).view({n, 1, -1});
           }
         }
-        if (l.cross_kind != 0) {
+        if (l.cross_kind != 0 && !out.defined()) {
           Tensor flat = heads_out.reshape({heads, n, dk});
           if (l.cross_kind == 1) {
             Tensor hid = at::baddbmm(l.b1.unsqueeze(1), flat, l.fused).relu_();

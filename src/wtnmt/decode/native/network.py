@@ -102,7 +102,11 @@ class NativeEngine:
                 tail = self._product(cross._tail, w2.t(), b2, rows, key=key)
                 kind = 1 if cross.ffn == "split" else 2
                 products = [qkv, self_out, cross_q, tail, none, none]
-                branched = [fused.detach(), cross.b1.detach(), alpha.detach()]
+                branched = [
+                    fused.detach().contiguous(),
+                    cross.b1.detach().contiguous(),
+                    alpha.detach(),
+                ]
                 norms += norms[2:4]  # (no FFN sublayer)
             else:
                 c_out = cross.w_out.reshape(c_heads * c_dk, -1)

@@ -2,6 +2,7 @@
 // decode/selection.py's, in ATen.
 #pragma once
 
+#include <ATen/Parallel.h>
 #include <torch/extension.h>
 
 #include <algorithm>
@@ -10,6 +11,8 @@
 #include <optional>
 #include <tuple>
 #include <vector>
+
+#include "vectors.h"
 
 namespace wtnmt_native {
 
@@ -42,6 +45,77 @@ inline Tensor row_argmax(const Tensor& x) {
   Tensor start = maxima.argmax(1, true) * kBlock;
   Tensor cols = (start + at::arange(kBlock, x.options().dtype(at::kLong))).clamp_max_(v - 1);
   return cols.gather(1, x.gather(1, cols).argmax(1, true)).select(1, 0);
+}
+
+// The first index of the largest of x[0..v) (as argmax), its value in ``top``: one pass, each
+// lane keeping its own first maximum.
+WTNMT_CLONES
+static int64_t first_max(const float* x, int64_t v, float* top) {
+  float best[kLanes];
+  int32_t at[kLanes];
+  for (int64_t l = 0; l < kLanes; ++l) {
+    best[l] = -std::numeric_limits<float>::infinity();
+    at[l] = static_cast<int32_t>(l);
+  }
+  int64_t j = 0;
+  for (; j + kLanes <= v; j += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) {
+      const bool more = x[j + l] > best[l];
+      best[l] = more ? x[j + l] : best[l];
+      at[l] = more ? static_cast<int32_t>(j + l) : at[l];
+    }
+  float value = best[0];
+  int64_t index = at[0];
+  for (int64_t l = 1; l < kLanes; ++l)
+    if (best[l] > value || (best[l] == value && at[l] < index)) {
+      value = best[l];
+      index = at[l];
+    }
+  for (; j < v; ++j)
+    if (x[j] > value) {
+      value = x[j];
+      index = j;
+    }
+  *top = value;
+  return index;
+}
+
+// A step of greedy search after the log-softmax (``fused`` engines): decode/search.py's
+// _constrain, row_argmax and bookkeeping in one pass over lprobs [N, V] (rows ruled out are
+// written −inf as _constrain writes them). Row r's token goes to tokens[r] (PAD once its
+// sentence is done), its log-probability to best[r]; forced rows (limit ≤ t) take EOS at 0.
+// Returns whether every sentence is done (``done`` [N] updated).
+inline bool greedy_pick(Tensor& lprobs, int64_t t, int64_t min_len, const Tensor& limit,
+                        Tensor& done, Tensor tokens, Tensor best, int64_t pad, int64_t bos,
+                        int64_t eos) {
+  const int64_t n = lprobs.size(0), v = lprobs.size(1);
+  float* lp = lprobs.data_ptr<float>();
+  const int64_t* lim = limit.data_ptr<int64_t>();
+  bool* fin = done.data_ptr<bool>();
+  int64_t* tok = tokens.data_ptr<int64_t>();
+  const int64_t tok_stride = tokens.stride(0);
+  float* out = best.data_ptr<float>();
+  const int64_t best_stride = best.stride(0);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  at::parallel_for(0, n, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* row = lp + r * v;
+      int64_t token = eos;
+      float value = 0.0f;
+      if (lim[r] > t) {
+        row[pad] = ninf;
+        row[bos] = ninf;
+        if (t < min_len) row[eos] = ninf;
+        token = first_max(row, v, &value);
+      }
+      out[r * best_stride] = value;
+      tok[r * tok_stride] = fin[r] ? pad : token;
+      fin[r] = fin[r] || token == eos;
+    }
+  });
+  for (int64_t r = 0; r < n; ++r)
+    if (!fin[r]) return false;
+  return true;
 }
 
 // decode/selection.py's top_extensions
