@@ -79,8 +79,8 @@ class Engine {
       Tensor lprobs = at::log_softmax(logits.to(at::kFloat), -1);
       ++taken;
       if (fused_) {  // the search's own step in one pass
-        if (greedy_pick(lprobs, t, min_len, limit, done, tokens.select(1, t + 1),
-                        best.select(1, t), pad_, bos_, eos_))
+        if (greedy_pick(lprobs, t, min_len, limit, done, tokens.select(1, t + 1), best.select(1, t),
+                        pad_, bos_, eos_))
           break;
         continue;
       }
