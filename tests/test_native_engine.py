@@ -210,13 +210,18 @@ def test_translator_cli_and_server_on_the_native_engine(run, tmp_path, capsys):
     inp = tmp_path / "in.txt"
     inp.write_text("\n".join(SOURCES) + "\n")
     outputs = {}
-    for engine in ("pytorch", "native"):
+    for engine in ("pytorch", "native", None):  # None: translate's default, auto
         out = tmp_path / f"{engine}.txt"
-        argv = ["translate", str(run), "-i", str(inp), "-o", str(out), "--engine", engine]
+        argv = ["translate", str(run), "-i", str(inp), "-o", str(out)]
+        argv += ["--engine", engine] if engine else []
         assert cli([*argv, "--beam", "3"]) == 0
         outputs[engine] = out.read_text()
-    assert outputs["native"] == outputs["pytorch"]
+    assert outputs["native"] == outputs["pytorch"] == outputs[None]
+    assert Translator.load(run, engine="auto").engine == "native"  # (where it can run)
     capsys.readouterr()
+    assert cli(["translate", str(run), "-i", str(inp), "--device", "cuda"]) == 2  # auto: PyTorch
+    err = capsys.readouterr().err
+    assert "CPU only" not in err and "--engine" not in err
     argv = ["translate", str(run), "-i", str(inp), "--engine", "native"]
     for extra, words in ((["--workers", "2"], "--workers 2"), (["--device", "cuda"], "CPU only")):
         assert cli([*argv, *extra]) == 2
@@ -236,3 +241,11 @@ def test_where_it_cannot_be_built_one_line_says_why(run, tmp_path, capsys, monke
     assert cli(["translate", str(run), "-i", str(inp), "--engine", "native"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no C++ compiler" in err
+    said: list[str] = []
+    assert Translator.load(run, engine="auto", say=said.append).engine == "pytorch"
+    assert len(said) == 1 and "no C++ compiler" in said[0] and "PyTorch engine" in said[0]
+    out = tmp_path / "out.txt"
+    assert cli(["translate", str(run), "-i", str(inp), "-o", str(out)]) == 0  # auto
+    err = capsys.readouterr().err
+    assert "--engine auto: the native engine cannot run here (no C++ compiler" in err
+    assert out.read_text().count("\n") == 1

@@ -36,15 +36,15 @@ def add_quantize(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_engine(p: argparse.ArgumentParser) -> None:
+def add_engine(p: argparse.ArgumentParser, default: str = "pytorch") -> None:
     p.add_argument(
         "--engine",
-        default="pytorch",
-        choices=["pytorch", "native", "onnxruntime"],
-        help="what runs the search: PyTorch; native, the search and decoder step in C++ over "
-        "PyTorch's kernels (CPU; compiled on first use: a C++ compiler and pip install "
-        "'wtnmt[native]'); or ONNX Runtime on the run's ONNX export (RUN/onnx, made on first "
-        "use; CPU; pip install 'wtnmt[onnx]'; default pytorch)",
+        default=default,
+        choices=["auto", "pytorch", "native", "onnxruntime"],
+        help="what runs the search: PyTorch; native, the search and decoder step in C++ "
+        "(CPU; compiled on first use: a C++ compiler and pip install 'wtnmt[native]'); auto, "
+        "native where it can run here, PyTorch otherwise; or ONNX Runtime on the run's ONNX "
+        f"export (RUN/onnx, made on first use; CPU; pip install 'wtnmt[onnx]'; default {default})",
     )
 
 

@@ -83,7 +83,7 @@ def check_engine(engine: str, device: str) -> None:
     """ONNX Runtime runs on the CPU here: a one-line ConfigError for another device."""
     from wtnmt.config import ConfigError
 
-    if engine != "pytorch" and device != "cpu":
+    if engine not in ("pytorch", "auto") and device != "cpu":
         raise ConfigError(f"--engine {engine} decodes on the CPU only, not --device {device}")
 
 

@@ -99,6 +99,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise ConfigError(f"--{option} {value}: must be at least 1")
     check_quantize(args.quantize, args.device)
+    if args.engine == "auto" and (args.workers > 1 or args.device != "cpu"):
+        args.engine = "pytorch"  # (what decodes on workers and on GPUs)
     check_engine(args.engine, args.device)
     check_device(args.device)
     if args.workers > 1 and args.engine != "pytorch":
@@ -232,6 +234,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.corpus and args.src:
         raise ConfigError("give --corpus NAME or --src/--ref, not both")
     check_quantize(args.quantize, args.device)
+    if args.engine == "auto" and args.branch_weights != "learned":
+        args.engine = "pytorch"  # (κ, α are replaced there only)
     check_engine(args.engine, args.device)
     check_tokenizer(args.tokenize)
     if args.engine != "pytorch" and args.branch_weights != "learned":
@@ -255,6 +259,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         engine=args.engine,
         weights=args.weights,
     )
+    args.engine = translator.engine  # (what --engine auto chose: in file names and scores)
     if args.corpus:
         from wtnmt.data.prepare import raw_split
 

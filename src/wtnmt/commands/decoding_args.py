@@ -52,7 +52,7 @@ def add_translate(commands: argparse._SubParsersAction) -> None:
     )
     add_weights(p)
     add_quantize(p)
-    add_engine(p)
+    add_engine(p, default="auto")
     p.set_defaults(func=cmd_translate)
 
 

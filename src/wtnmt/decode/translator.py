@@ -34,7 +34,7 @@ from wtnmt.model import (
 from wtnmt.rundir import load_run
 from wtnmt.special import BOS, EOS, PAD
 
-ENGINES = ("pytorch", "native", "onnxruntime")  # what runs the search (Translator.load)
+ENGINES = ("auto", "pytorch", "native", "onnxruntime")  # what runs the search (Translator.load)
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class Translator:
         device: str = "cpu",
         weights: str = "model.safetensors",
         quantize: Literal["none", "int8"] = "none",
-        engine: Literal["pytorch", "native", "onnxruntime"] = "pytorch",
+        engine: Literal["auto", "pytorch", "native", "onnxruntime"] = "pytorch",
         onnx_dir: str | Path | None = None,
         say: Callable[[str], None] = _note,
     ) -> Translator:
@@ -84,9 +84,14 @@ class Translator:
         ``engine="onnxruntime"``: search runs the network exported to ONNX (``onnx_dir``,
         default RUN/onnx, exported there on first use; CPU only; decode/onnx_engine.py).
         ``engine="native"``: the search and the decoder step in C++ over the model's own
-        weights and kernels (CPU only; compiled on first use; decode/native)."""
+        weights and kernels (CPU only; compiled on first use; decode/native).
+        ``engine="auto"``: native where it can run (the CPU, a compiler, the kernels it
+        multiplies with), PyTorch otherwise (``say`` is told why)."""
         if engine not in ENGINES:
             raise ValueError(f"engine: {engine!r} is not one of {', '.join(map(repr, ENGINES))}")
+        auto = engine == "auto"
+        if auto:
+            engine = "native" if device == "cpu" else "pytorch"
         if engine != "pytorch" and device != "cpu":
             raise ValueError(f"the {engine} engine decodes on the CPU, not {device}")
         config, vocab, model = load_run(run_dir, weights=weights)
@@ -102,9 +107,19 @@ class Translator:
             quantize_decoding(model, quantize)
         translator = cls(model.to(device), vocab, config, torch.device(device))
         if engine == "native":
+            from wtnmt.decode.native import NativeUnavailable
             from wtnmt.decode.native.network import NativeEngine
 
-            translator.network = NativeEngine(model, say=say)
+            try:
+                translator.network = NativeEngine(model, say=say)
+                translator.network.check_usable()
+            except NativeUnavailable as e:
+                if not auto:
+                    raise
+                translator.network = translator.model
+                why = str(e).removeprefix("--engine native: ")
+                say(f"--engine auto: the native engine cannot run here ({why}): decoding with "
+                    "the PyTorch engine")  # fmt: skip
         return translator
 
     @property

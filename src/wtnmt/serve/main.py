@@ -171,6 +171,7 @@ def main_serve(args: argparse.Namespace) -> int:
     translator = Translator.load(
         run, device=args.device, quantize=args.quantize, engine=args.engine
     )
+    args.engine = translator.engine  # (what --engine auto chose)
     app = create_app(translator, settings, name=run.resolve().name, worker_thread=False)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

@@ -1,12 +1,14 @@
 """The native engine: greedy and beam search with the decoder step in C++ (engine.cpp).
 
 decode_profile.py found a third of an int8 greedy step outside PyTorch's operators: Python
-and its dispatch around ~250 operator calls. engine.cpp makes the same calls, on the same
-packed weights, in the same order, from C++: the search of decode/search.py and the decoder
-step of model/transformer.py, for every decoder the toolkit builds (post- and pre-norm,
-multi-head or weighted decoder self-attention, multi-head cross-attention with its FFN or the
-branched sublayer with split or shared FFNs, pruned branches), in float32 or int8. The
-encoder and the cross-attention keys and values, once a batch, stay the PyTorch model's.
+and its dispatch around ~250 operator calls. engine.cpp runs the search of decode/search.py
+and the decoder step of model/transformer.py in C++, on the same packed weights, for every
+decoder the toolkit builds (post- and pre-norm, multi-head or weighted decoder
+self-attention, multi-head cross-attention with its FFN or the branched sublayer with split
+or shared FFNs, pruned branches), in float32 or int8: the products through the same
+operators, attention (with the branches' first FFN products) and greedy's choice of token in
+its own kernels (attention.h, search_ops.h). The encoder and the cross-attention keys and
+values, once a batch, stay the PyTorch model's.
 
 The extension is compiled on first use with the C++ compiler the PyTorch build asks for
 (``torch.utils.cpp_extension``; ninja from ``pip install 'wtnmt[native]'``), about a minute,

@@ -3,8 +3,9 @@
 // same ATen operators, the same oneDNN-packed float32 and FBGEMM-packed int8 products, in the
 // same order. What leaves Python is the interpreter and its dispatch around ~250 operator
 // calls a step. With ``fused`` off every number is computed as the PyTorch engine computes
-// it; on, attention runs in attention.h's kernels instead, the same arithmetic up to the order
-// of float32 sums.
+// it; on, attention (with the branched sublayer's first FFN products) runs in attention.h's
+// kernels and greedy's choice of token in search_ops.h's greedy_pick, the same arithmetic up
+// to the order of float32 sums.
 //
 // Built on first use by torch.utils.cpp_extension (decode/native/__init__.py).
 

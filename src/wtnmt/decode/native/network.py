@@ -48,6 +48,14 @@ class NativeEngine:
         self._ext = extension(say)
         self.fused = fused
 
+    def check_usable(self) -> None:
+        """Raises NativeUnavailable where this engine cannot decode the model at its present
+        precision: it multiplies through the packed fast paths, in float32 through oneDNN."""
+        if not fast_paths():
+            raise NativeUnavailable("--engine native multiplies through the packed fast paths")
+        if not onednn_available() and self.quantize != "int8":
+            raise NativeUnavailable("--engine native needs PyTorch's oneDNN in float32")
+
     @property
     def quantize(self) -> str:
         return decoding_mode(self.model)
@@ -162,10 +170,7 @@ class NativeEngine:
             raise ValueError(
                 f"length penalty form {penalty_form!r} is not one of {', '.join(PENALTY_FORMS)}"
             )
-        if not fast_paths():
-            raise NativeUnavailable("--engine native multiplies through the packed fast paths")
-        if not onednn_available() and self.quantize != "int8":  # (the precision may change)
-            raise NativeUnavailable("--engine native needs PyTorch's oneDNN in float32")
+        self.check_usable()  # (the precision may have changed)
         model = self.model
         limit = _limits(model, src, max_len_a, max_len_b, max_len)
         greedy = beam == 1 and nbest == 1
