@@ -63,12 +63,12 @@ SETTINGS = [
 ]
 
 
-def _model(kind: str, vocab: int) -> torch.nn.Module:
+def _model(kind: str, vocab: int, dims: list[str] = COMMON) -> torch.nn.Module:
     """A model of ``kind`` with random weights whose output leans on EOS, so that sentences
     and hypotheses end at many different steps."""
     preset, overrides = KINDS[kind]
     torch.manual_seed(sum(map(ord, kind)))
-    model = build_model(load_config(preset, [*COMMON, *overrides]).model, vocab_size=vocab)
+    model = build_model(load_config(preset, [*dims, *overrides]).model, vocab_size=vocab)
     with torch.no_grad():
         model.embedding.weight.mul_(3.0)  # sharper distributions than at initialisation
         model.embedding.weight[EOS].mul_(2.5)
@@ -119,6 +119,38 @@ def test_native_search_finds_what_the_pytorch_engine_finds(kind, precision, fuse
         if min_len:
             assert min(len(h.tokens) for hyps in want for h in hyps) >= min_len - 1
     assert len(lengths) >= 4  # hypotheses ended at many steps: every path of the search ran
+
+
+# head sizes and branch widths the kernels take in whole vectors of 16, 8 and 4 floats (64 and
+# 128), and with a remainder for each (24 and 50); COMMON's 8 and 16 are mostly remainders
+WIDE = {
+    "whole": ["model.d_model=128", "model.d_ff=256", "model.heads=2"],
+    "ragged": ["model.d_model=96", "model.d_ff=200", "model.heads=4"],
+}
+
+
+@pytest.mark.parametrize("width", [16, 8, 4])
+@pytest.mark.parametrize("dims", list(WIDE))
+@pytest.mark.parametrize("kind", ["weighted", "weighted-pre-weighted-self-shared-topk"])
+def test_every_build_of_the_kernels_finds_what_the_pytorch_engine_finds(kind, dims, width):
+    """The kernels are compiled for AVX-512, AVX2 and any x86-64 CPU (vectors.h); each build
+    this CPU can run, run in turn, finds the PyTorch engine's translations."""
+    model = _model(kind, 600, WIDE[dims])
+    native = NativeEngine(model)
+    ext = native._ext
+    if width > ext.cpu_kernels():
+        pytest.skip(f"this CPU runs kernels of at most {ext.cpu_kernels()} floats a vector")
+    before = ext.kernels()
+    ext.set_kernels(width)
+    try:
+        src = _sources(600)
+        for beam, nbest, alpha, form, min_len, max_len in SETTINGS[:3]:
+            options = {"beam": beam, "nbest": nbest, "alpha": alpha, "penalty_form": form,
+                       "min_len": min_len, "max_len": max_len}  # fmt: skip
+            want = search_batch(model, src, **options)
+            _assert_same(want, search_batch(native, src, **options))
+    finally:
+        ext.set_kernels(before)
 
 
 MARGIN = 0.05  # a lead no rounding's difference in an int8 step comes near (seen: < 0.015)

@@ -32,9 +32,12 @@ constexpr int64_t kChunk = 4;  // vectors of the values' weighted sum kept in re
 
 // softmax(q·k_jᵀ + bias_j)·v_j over rows j < m (row j at k + rows[j]·dk, or j·dk when rows is
 // null; bias null: none) → out [dk]. ``scores``: room for m floats.
-WTNMT_CLONES
-static void attend_rows(const float* q, const float* k, const float* v, const int64_t* rows,
-                        int64_t m, int64_t dk, const float* bias, float* scores, float* out) {
+template <int W>
+WTNMT_INLINE void attend_rows_impl(const float* q, const float* k, const float* v,
+                                   const int64_t* rows, int64_t m, int64_t dk, const float* bias,
+                                   float* scores, float* out) {
+  using Lanes = typename Vec<W>::T;
+  constexpr int64_t kLanes = W;
   float top = -std::numeric_limits<float>::infinity();
   const int64_t whole = dk / kLanes * kLanes;
   for (int64_t j = 0; j < m; j += kRows) {
@@ -46,11 +49,11 @@ static void attend_rows(const float* q, const float* k, const float* v, const in
     }
     Lanes acc[kRows] = {};
     for (int64_t d = 0; d < whole; d += kLanes) {
-      const Lanes qd = load(q + d);
-      for (int64_t u = 0; u < kRows; ++u) acc[u] += qd * load(kr[u] + d);
+      const Lanes qd = load<W>(q + d);
+      for (int64_t u = 0; u < kRows; ++u) acc[u] += qd * load<W>(kr[u] + d);
     }
     for (int64_t u = 0; u < count; ++u) {
-      float dot = lane_sum(acc[u]);
+      float dot = lane_sum<W>(acc[u]);
       for (int64_t e = whole; e < dk; ++e) dot += q[e] * kr[u][e];
       if (bias) dot += bias[j + u];
       scores[j + u] = dot;
@@ -72,13 +75,18 @@ static void attend_rows(const float* q, const float* k, const float* v, const in
     Lanes acc[kChunk] = {};
     for (int64_t j = 0; j < m; ++j) {
       const float* vr = v + (rows ? rows[j] : j) * dk + d0;
-      for (int64_t c = 0; c < kChunk; ++c) acc[c] += scores[j] * load(vr + c * kLanes);
+      for (int64_t c = 0; c < kChunk; ++c) acc[c] += scores[j] * load<W>(vr + c * kLanes);
     }
-    for (int64_t c = 0; c < kChunk; ++c) store(out + d0 + c * kLanes, acc[c]);
+    for (int64_t c = 0; c < kChunk; ++c) store<W>(out + d0 + c * kLanes, acc[c]);
   }
   for (; d0 < dk; ++d0)
     for (int64_t j = 0; j < m; ++j) out[d0] += scores[j] * v[(rows ? rows[j] : j) * dk + d0];
 }
+
+WTNMT_KERNEL(void, attend_rows,
+             (const float* q, const float* k, const float* v, const int64_t* rows, int64_t m,
+              int64_t dk, const float* bias, float* scores, float* out),
+             (q, k, v, rows, m, dk, bias, scores, out))
 
 // Self-attention of N = B·G hypotheses at step t, qkv [N, 3·H·Dk] (this step's projections):
 // each hypothesis' key (×1/√Dk) and value written into its slot of the buffers [H, B, steps,
@@ -161,15 +169,19 @@ constexpr int64_t kProductRows = 4;
 
 // ReLU(head · W + b1) for the heads [kProductRows, Dk] (only the first ``rows`` written, at
 // ``out`` + u·``stride``)
-WTNMT_CLONES
-static void branch_first_product(const float* head, int64_t rows, const float* w, const float* b1,
-                                 int64_t dk, int64_t width, float* out, int64_t stride) {
+template <int W>
+WTNMT_INLINE void branch_first_product_impl(const float* head, int64_t rows, const float* w,
+                                            const float* b1, int64_t dk, int64_t width, float* out,
+                                            int64_t stride) {
+  using Lanes = typename Vec<W>::T;
+  constexpr int64_t kLanes = W;
+  constexpr int64_t kChunk = W == 16 ? 4 : 2;  // (AVX2 and SSE have 16 registers, not 32)
   int64_t f0 = 0;
   for (; f0 + kChunk * kLanes <= width; f0 += kChunk * kLanes) {
     Lanes acc[kProductRows][kChunk] = {};
     for (int64_t d = 0; d < dk; ++d) {
       Lanes wr[kChunk];
-      for (int64_t c = 0; c < kChunk; ++c) wr[c] = load(w + d * width + f0 + c * kLanes);
+      for (int64_t c = 0; c < kChunk; ++c) wr[c] = load<W>(w + d * width + f0 + c * kLanes);
       for (int64_t u = 0; u < kProductRows; ++u) {
         const float hd = head[u * dk + d];
         for (int64_t c = 0; c < kChunk; ++c) acc[u][c] += hd * wr[c];
@@ -177,8 +189,8 @@ static void branch_first_product(const float* head, int64_t rows, const float* w
     }
     for (int64_t u = 0; u < rows; ++u)
       for (int64_t c = 0; c < kChunk; ++c) {
-        const Lanes hid = acc[u][c] + load(b1 + f0 + c * kLanes);
-        store(out + u * stride + f0 + c * kLanes, hid > 0 ? hid : 0);  // (ReLU)
+        const Lanes hid = acc[u][c] + load<W>(b1 + f0 + c * kLanes);
+        store<W>(out + u * stride + f0 + c * kLanes, hid > 0 ? hid : 0);  // (ReLU)
       }
   }
   for (; f0 < width; ++f0)
@@ -188,6 +200,11 @@ static void branch_first_product(const float* head, int64_t rows, const float* w
       out[u * stride + f0] = std::max(sum + b1[f0], 0.0f);
     }
 }
+
+WTNMT_KERNEL(void, branch_first_product,
+             (const float* head, int64_t rows, const float* w, const float* b1, int64_t dk,
+              int64_t width, float* out, int64_t stride),
+             (head, rows, w, b1, dk, width, out, stride))
 
 static void fused_cross_branched(const Tensor& q, const Tensor& keys, const Tensor& values,
                                  const std::optional<Tensor>& bias, int64_t heads, int64_t dk,

@@ -339,6 +339,14 @@ Product product(int kind, Tensor weight, std::optional<Tensor> bias, const py::o
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "wtnmt's native greedy and beam search (decode/native)";
   m.def("set_reduce_range", [](bool on) { g_reduce_range = on; });
+  m.def("kernels", [] { return kernel_width(); }, "floats a vector in the kernels that run");
+  m.def("cpu_kernels", &cpu_kernel_width, "the most floats a vector this CPU's kernels take");
+  m.def("set_kernels", [](int width) {
+    TORCH_CHECK(width == 4 || width == 8 || width == 16, "kernels: 4, 8 or 16 floats a vector");
+    TORCH_CHECK(width <= cpu_kernel_width(), "this CPU runs kernels of at most ",
+                cpu_kernel_width(), " floats a vector");
+    kernel_width() = width;
+  });
   py::class_<Product>(m, "Product")
       .def(py::init(&product), py::arg("kind"), py::arg("weight"), py::arg("bias"),
            py::arg("int8"));

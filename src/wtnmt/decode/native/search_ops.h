@@ -49,8 +49,9 @@ inline Tensor row_argmax(const Tensor& x) {
 
 // The first index of the largest of x[0..v) (as argmax), its value in ``top``: one pass, each
 // lane keeping its own first maximum.
-WTNMT_CLONES
-static int64_t first_max(const float* x, int64_t v, float* top) {
+template <int W>
+WTNMT_INLINE int64_t first_max_impl(const float* x, int64_t v, float* top) {
+  constexpr int64_t kLanes = W;
   float best[kLanes];
   int32_t at[kLanes];
   for (int64_t l = 0; l < kLanes; ++l) {
@@ -79,6 +80,8 @@ static int64_t first_max(const float* x, int64_t v, float* top) {
   *top = value;
   return index;
 }
+
+WTNMT_KERNEL(int64_t, first_max, (const float* x, int64_t v, float* top), (x, v, top))
 
 // A step of greedy search after the log-softmax (``fused`` engines): decode/search.py's
 // _constrain, row_argmax and bookkeeping in one pass over lprobs [N, V] (rows ruled out are
