@@ -278,7 +278,7 @@ class Engine {
             out = apply(l.cross_out, concat).view({n, 1, -1});
           }
         }
-        if (l.cross_kind != 0 && !out.defined()) {
+        if (!out.defined()) {  // the branches' FFNs, where no kernel above has run them
           Tensor flat = heads_out.reshape({heads, n, dk});
           if (l.cross_kind == 1) {
             Tensor hid = at::baddbmm(l.b1.unsqueeze(1), flat, l.fused).relu_();

@@ -1,10 +1,11 @@
 // How the native engine's own kernels (attention.h, search_ops.h) are vectorised: with GCC's
 // vector extension, ``Vec<W>`` of W floats, each kernel a template on W compiled three times
 // (WTNMT_KERNEL): for AVX-512 (W = 16: one zmm register), AVX2 with FMA (8: one ymm) and
-// anything else (4: one xmm); which one runs is chosen once, from the CPU (``kernels()``).
+// anything else (4: one xmm); which one runs is chosen once, from the CPU (kernel_width()).
 // Left to itself GCC interchanged these kernels' loops and multiplied in scalars; vectors
 // wider than the instruction set's (16 floats under AVX2: target_clones' way) went through the
-// stack, 5–14× slower than the AVX-512 build.
+// stack: timed alone, the branched cross-attention kernel took 1.27 ms in that AVX2 build,
+// 0.09 ms in the AVX-512 one.
 #pragma once
 
 #include <cstdint>
