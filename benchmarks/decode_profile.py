@@ -127,8 +127,7 @@ def decode_all(model, inputs, beam: int) -> float:  # type: ignore[no-untyped-de
 
 def ct2_step_ms(model, inputs, rounds: int, threads: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
     """CTranslate2's ms a step for the same batches, on the Transformer of the same shape."""
-    from ct2_bridge import SPECIALS, convert, load_translator
-    from decode_vs_ctranslate2 import as_tokens, run_ct2
+    from ct2_bridge import SPECIALS, as_tokens, convert, load_translator, run_ct2
 
     out = {}
     with tempfile.TemporaryDirectory() as tmp:

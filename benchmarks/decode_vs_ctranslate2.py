@@ -30,8 +30,9 @@ spin-waiting: small operations then get much slower.
 wtnmt's entries: the Weighted Transformer (`weighted-small`, what wtnmt is for) and the
 Transformer above, each in float32 and with ``--quantize int8`` decoding, in one process on
 the threads. Then both engines with 2 workers of one thread each, every worker decoding its
-own batches (`translate --workers 2`; CTranslate2's inter_threads=2, intra_threads=1), each
-ratio "x2" taken against CTranslate2 in that same configuration. The last two lines read
+own batches (`translate --workers 2`, the Weighted Transformer's workers on the PyTorch and
+on the native engine; CTranslate2's inter_threads=2, intra_threads=1), each ratio "x2" taken
+against CTranslate2 in that same configuration. The last two lines read
 `vs CT2, 1 process: WT fp32/CT2 fp32 beam5 A greedy B  best WT/CT2 int8 beam5 C greedy D` and
 the same with 2 workers each (left out with ``--threads 1``: there is no thread for a second
 worker).
@@ -63,12 +64,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ct2_bridge import SPECIALS, convert, load_translator
+from ct2_bridge import (
+    BATCH,
+    SPECIALS,
+    as_tokens,
+    check_greedy_agrees,
+    convert,
+    load_translator,
+    run_ct2,
+)
 from decode_speed import LENGTH, batches
 from train_speed import ROOT, build_data
 from wtnmt.config import load_config
 from wtnmt.data import ParallelData
-from wtnmt.decode import greedy_search
 from wtnmt.decode.native import NativeUnavailable
 from wtnmt.decode.native.network import NativeEngine
 from wtnmt.decode.onnx_engine import OnnxNetwork
@@ -77,12 +85,6 @@ from wtnmt.decode.workers import SearchWorkers
 from wtnmt.export.onnx import export_graphs, graph_file, quantize_graphs
 from wtnmt.model import build_model, quantize_decoding
 from wtnmt.runtime import machine_line, tune_cpu_allocator
-from wtnmt.special import EOS
-
-# wtnmt's search never outputs padding or BOS: CTranslate2 is told the same
-NEVER = [["<pad>"], ["<s>"]]
-BATCH = 32  # sentences a batch
-
 
 # ------------------------------------------------------------------------------------------
 # the two engines on the same batches
@@ -98,59 +100,6 @@ def run_wtnmt(model, inputs: list[torch.Tensor], beam: int) -> tuple[float, int]
     else:
         found = [search_batch(model, src, **options) for src in inputs]
     return time.perf_counter() - start, sum(len(h[0].tokens) for hyps in found for h in hyps)
-
-
-def as_tokens(inputs: list[torch.Tensor], tokens: list[str]) -> list[list[list[str]]]:
-    """The same batches as piece strings, each source ending with EOS as wtnmt's do."""
-    out = []
-    for src in inputs:
-        rows = []
-        for row in src.tolist():
-            ids = row[: row.index(EOS) + 1]
-            rows.append([tokens[i] for i in ids])
-        out.append(rows)
-    return out
-
-
-def run_ct2(translator, inputs: list[list[list[str]]], beam: int) -> tuple[float, int]:  # type: ignore[no-untyped-def]
-    """Batch by batch; with several workers (inter_threads), all batches in one call, which
-    CTranslate2 cuts into batches of 32 again and shares among its workers."""
-    start, n = time.perf_counter(), 0
-    if translator.num_translators > 1:
-        inputs = [[row for rows in inputs for row in rows]]
-    for rows in inputs:
-        results = translator.translate_batch(
-            rows,
-            beam_size=beam,
-            min_decoding_length=LENGTH,
-            max_decoding_length=LENGTH,
-            max_batch_size=BATCH,
-            suppress_sequences=NEVER,
-        )
-        n += sum(len(r.hypotheses[0]) for r in results)
-    return time.perf_counter() - start, n
-
-
-def check_greedy_agrees(model, translator, inputs, tokens, limit: int) -> int:  # type: ignore[no-untyped-def]
-    """Greedy outputs, unforced (up to 24 tokens), of both engines: identical or an error."""
-    checked = 0
-    for src, rows in zip(inputs, as_tokens(inputs, tokens), strict=True):
-        ours = greedy_search(model, src, max_len=LENGTH)
-        theirs = translator.translate_batch(
-            rows, beam_size=1, max_decoding_length=LENGTH + 1, suppress_sequences=NEVER
-        )
-        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
-            mine = [tokens[t] for t in a.tokens]
-            other = [t for t in b.hypotheses[0] if t != "</s>"]
-            if mine != other[: len(mine)] or len(other) > len(mine) + 1:
-                raise SystemExit(
-                    f"greedy outputs differ on sentence {checked + i}:\n  wtnmt {mine}\n"
-                    f"  ct2   {other}"
-                )
-        checked += len(rows)
-        if checked >= limit:
-            break
-    return checked
 
 
 def check_engines_agree(model, network, inputs, limit: int) -> int:  # type: ignore[no-untyped-def]
@@ -246,15 +195,17 @@ def main() -> None:
         ct2_inputs = as_tokens(inputs, tokens)
         pools = {  # started (and their models built) before any timing; with fewer
             # threads than workers there is no two-worker configuration to measure
-            p: SearchWorkers(
+            (engine, p): SearchWorkers(
                 models["weighted"],
                 model_config=load_config("weighted-small").model,
                 int8=p == "int8",
                 workers=WORKERS,
                 threads=args.threads // WORKERS,
+                engine="pytorch" if engine == "wtnmt" else engine,
             )
+            for engine in ("wtnmt", "native")
             for p in ("fp32", "int8")
-            if args.threads >= WORKERS
+            if args.threads >= WORKERS and (engine == "wtnmt" or "native weighted fp32" in models)
         }
         for pool in pools.values():
             run_wtnmt(pool, inputs[: 2 * WORKERS], 5)
@@ -279,6 +230,8 @@ ENTRIES = [
     # both engines with 2 workers of 1 thread each, each worker decoding its own batches
     "wtnmt weighted fp32 x2",
     "wtnmt weighted int8 x2",
+    "native weighted fp32 x2",
+    "native weighted int8 x2",
     "ct2 float32 x2",
     "ct2 int8 x2",
 ]
@@ -292,7 +245,7 @@ def entries(threads: int, models: dict | None = None) -> list[str]:  # type: ign
         e
         for e in ENTRIES
         if (threads >= WORKERS or not e.endswith(" x2"))
-        and (models is None or not e.startswith("native") or e in models)
+        and (models is None or not e.startswith("native") or e.removesuffix(" x2") in models)
     ]
 
 
@@ -315,10 +268,10 @@ def timed_rounds(args, models, quantized, pools, paths, inputs, ct2_inputs, expe
                     precision = what[0] if workers > 1 else last
                     translator = load_translator(paths[precision], args.threads, workers)
                     run_ct2(translator, ct2_inputs[:1], 5)  # warm-up, untimed
+                elif workers > 1:
+                    pool = pools[(engine, what[1])]
                 elif engine in ("ort", "native"):
                     model = models[entry]
-                elif workers > 1:
-                    pool = pools[what[1]]
                 else:
                     model = (models if last == "fp32" else quantized)[what[0]]
                 time.sleep(args.pause)  # the last entry's spinning threads go to sleep
@@ -382,8 +335,9 @@ def report(rates: dict[tuple[str, int], list[float]], args: argparse.Namespace) 
             )
 
     def best(precisions: tuple[str, ...], base: str, beam: int, x2: str) -> float:
-        """The fastest wtnmt engine against ``base``, round by round (workers: PyTorch's)."""
-        engines = ("wtnmt",) if x2 else ("wtnmt", "ort", "native")
+        """The fastest wtnmt engine against ``base``, round by round (workers: PyTorch's
+        or native)."""
+        engines = ("wtnmt", "native") if x2 else ("wtnmt", "ort", "native")
         found = [f"{e} weighted {p}{x2}" for e in engines for p in precisions]
         rounds = [ratios(e, beam, base + x2) for e in found if (e, beam) in rates]
         return statistics.median(max(r) for r in zip(*rounds, strict=True))

@@ -11,6 +11,8 @@ import torch
 from helpers import sentence, tiny_run_config
 from wtnmt import Translator
 from wtnmt.cli import main as cli
+from wtnmt.decode.native import unavailable_reason
+from wtnmt.decode.workers import _worker_engine
 from wtnmt.model.packed import int8_available
 from wtnmt.train import Trainer
 
@@ -50,12 +52,15 @@ def _same(got: list[list[tuple[str, float]]], expected: list[list[tuple[str, flo
     assert scores == pytest.approx([s for o in expected for _, s in o], rel=1e-5, abs=1e-5)
 
 
+@pytest.mark.parametrize("engine", ["pytorch", "native"])
 @pytest.mark.parametrize("quantize", ["none", "int8"])
-def test_workers_translate_as_this_process_does(run_dir, quantize):
+def test_workers_translate_as_this_process_does(run_dir, quantize, engine):
     if quantize == "int8" and not int8_available():
         pytest.skip("this PyTorch build has no FBGEMM int8 linear")
-    translator = Translator.load(run_dir, quantize=quantize)
-    assert translator.quantize == quantize  # what the workers will rebuild
+    if engine == "native" and unavailable_reason() is not None:
+        pytest.skip(f"the native engine cannot be built here: {unavailable_reason()}")
+    translator = Translator.load(run_dir, quantize=quantize, engine=engine)
+    assert (translator.quantize, translator.engine) == (quantize, engine)  # what workers rebuild
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each worker decodes
     try:
@@ -64,6 +69,9 @@ def test_workers_translate_as_this_process_does(run_dir, quantize):
         torch.set_num_threads(threads)
     translator.start_workers(2)
     try:
+        assert translator._workers is not None
+        for _ in range(4):  # (any worker may answer: each was built the same way)
+            assert translator._workers._pool.submit(_worker_engine).result() == engine
         _same(_translate(translator), expected)
         assert len({t for options in expected for t, _ in options}) > 10  # they differ
     finally:
@@ -88,6 +96,9 @@ def test_translate_with_workers_from_the_command_line(run_dir, tmp_path, capsys)
     assert cli([*args, "--output", str(tmp_path / "one.txt")]) == 0
     assert cli([*args, "--workers", "2", "--output", str(tmp_path / "two.txt")]) == 0
     assert (tmp_path / "two.txt").read_text() == (tmp_path / "one.txt").read_text()
+    pytorch = ["--engine", "pytorch", "--workers", "2", "--output", str(tmp_path / "py.txt")]
+    assert cli([*args, *pytorch]) == 0  # (the default above: auto, native where it builds)
+    assert (tmp_path / "py.txt").read_text() == (tmp_path / "one.txt").read_text()
     capsys.readouterr()
     assert cli([*args, "--workers", "0"]) == 2
     err = capsys.readouterr().err

@@ -99,14 +99,14 @@ def cmd_translate(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise ConfigError(f"--{option} {value}: must be at least 1")
     check_quantize(args.quantize, args.device)
-    if args.engine == "auto" and (args.workers > 1 or args.device != "cpu"):
-        args.engine = "pytorch"  # (what decodes on workers and on GPUs)
+    if args.engine == "auto" and args.device != "cpu":
+        args.engine = "pytorch"  # (what decodes on GPUs)
     check_engine(args.engine, args.device)
     check_device(args.device)
-    if args.workers > 1 and args.engine != "pytorch":
+    if args.workers > 1 and args.engine == "onnxruntime":
         raise ConfigError(
-            f"--workers {args.workers} runs the PyTorch engine; --engine {args.engine} "
-            "decodes on --threads in this process"
+            f"--workers {args.workers} runs the PyTorch or native engine; --engine "
+            "onnxruntime decodes on --threads in this process"
         )
     if args.workers > 1 and args.device != "cpu":
         raise ConfigError(

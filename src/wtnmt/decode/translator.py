@@ -24,6 +24,7 @@ from wtnmt.config.sections import MAX_BEAM
 from wtnmt.data.vocab import Vocabularies
 from wtnmt.decode.attention import LayerAttention, cross_attention
 from wtnmt.decode.search import search_batch
+from wtnmt.decode.workers import ENGINES as WORKER_ENGINES
 from wtnmt.decode.workers import SearchWorkers
 from wtnmt.model import (
     BranchWeights,
@@ -248,11 +249,14 @@ class Translator:
 
     def start_workers(self, workers: int, *, threads: int = 1) -> None:
         """Decode on ``workers`` processes of ``threads`` threads each, every one searching
-        whole batches (decode/workers.py), until ``close``. CPU only."""
+        whole batches with this translator's engine (PyTorch or native; decode/workers.py),
+        until ``close``. CPU only."""
         if self.device.type != "cpu":
             raise ValueError(f"decoding workers run on the CPU, not {self.device}")
-        if self.engine != "pytorch":
-            raise ValueError(f"decoding workers run the PyTorch engine, not {self.engine}")
+        if self.engine not in WORKER_ENGINES:
+            raise ValueError(
+                f"decoding workers run the PyTorch or native engine, not {self.engine}"
+            )
         self.close()
         self._workers = SearchWorkers(
             self.model,
@@ -260,6 +264,7 @@ class Translator:
             int8=self.quantize == "int8",
             workers=workers,
             threads=threads,
+            engine=self.engine,
         )
 
     def close(self) -> None:

@@ -11,6 +11,8 @@ Workers are spawned processes (not threads: Python's interpreter lock would seri
 search's many small calls). Each rebuilds the model from its config and weights, sent once
 when it starts, and keeps it for its life; batches go out as token ids and come back as
 hypotheses, in order. For many sentences (a file), not one: starting a worker takes seconds.
+Each searches with the PyTorch engine or the native one (decode/native: the extension the
+parent built, loaded from its cache).
 """
 
 from __future__ import annotations
@@ -25,11 +27,16 @@ from torch import Tensor
 
 from wtnmt.decode.search import Hypothesis, search_batch
 
-_model: torch.nn.Module | None = None  # a worker's model, built once by _start
+_model: Any = None  # a worker's model (or its native engine), built once by _start
 
 
 def _start(
-    model_config: Any, sizes: tuple[int, int | None], state: dict, int8: bool, threads: int
+    model_config: Any,
+    sizes: tuple[int, int | None],
+    state: dict,
+    int8: bool,
+    threads: int,
+    engine: str,
 ) -> None:
     global _model
     from wtnmt.model import build_model, quantize_decoding
@@ -42,6 +49,15 @@ def _start(
     if int8:
         quantize_decoding(model, "int8")
     _model = model.eval()
+    if engine == "native":
+        from wtnmt.decode.native.network import NativeEngine
+
+        _model = NativeEngine(model)
+
+
+def _worker_engine() -> str:
+    """The engine this worker searches with (for tests: run through the pool)."""
+    return str(getattr(_model, "engine", "pytorch"))
 
 
 def _search(job: tuple[Tensor, dict]) -> list[list[Hypothesis]]:
@@ -50,23 +66,37 @@ def _search(job: tuple[Tensor, dict]) -> list[list[Hypothesis]]:
     return search_batch(_model, src, **options)
 
 
+ENGINES = ("pytorch", "native")  # what a worker searches with
+
+
 class SearchWorkers:
     """``workers`` processes, each holding a copy of ``model`` (CPU) and decoding on
-    ``threads`` threads. ``int8``: its linear layers decode in int8 (quantize_decoding)."""
+    ``threads`` threads. ``int8``: its linear layers decode in int8 (quantize_decoding).
+    ``engine``: ``native`` searches with decode/native's engine, whose extension the caller
+    has built (``NativeEngine(model)`` in this process does)."""
 
     def __init__(
-        self, model, *, model_config: Any, int8: bool, workers: int, threads: int = 1
-    ) -> None:  # type: ignore[no-untyped-def]
+        self,
+        model,  # type: ignore[no-untyped-def]
+        *,
+        model_config: Any,
+        int8: bool,
+        workers: int,
+        threads: int = 1,
+        engine: str = "pytorch",
+    ) -> None:
         if workers < 1 or threads < 1:
             raise ValueError(f"workers={workers}, threads={threads}: each must be at least 1")
+        if engine not in ENGINES:
+            raise ValueError(f"engine: {engine!r}: workers search with {' or '.join(ENGINES)}")
         state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
         sizes = (model.embedding.weight.size(0), model.source_vocab_size)
-        self.workers = workers
+        self.workers, self.engine = workers, engine
         self._pool = ProcessPoolExecutor(
             workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_start,
-            initargs=(model_config, sizes, state, int8, threads),
+            initargs=(model_config, sizes, state, int8, threads, engine),
         )
 
     def search(self, sources: Sequence[Tensor], **options: Any) -> Iterator[list[list[Hypothesis]]]:
