@@ -12,7 +12,9 @@ search's many small calls). Each rebuilds the model from its config and weights,
 when it starts, and keeps it for its life; batches go out as token ids and come back as
 hypotheses, in order. For many sentences (a file), not one: starting a worker takes seconds.
 Each searches with the PyTorch engine or the native one (decode/native: the extension the
-parent built, loaded from its cache).
+parent built, loaded from its cache). The native engine's steps split across threads with far
+fewer fork-joins: two workers decoded only 1.07-1.10× as fast as one process on 2 threads
+(docs/BENCHMARKS.md, "On workers").
 """
 
 from __future__ import annotations
