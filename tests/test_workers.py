@@ -3,6 +3,8 @@ translations, in the same order, as decoding in this process."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,8 @@ from helpers import sentence, tiny_run_config
 from wtnmt import Translator
 from wtnmt.cli import main as cli
 from wtnmt.decode.native import unavailable_reason
-from wtnmt.decode.workers import _worker_engine
+from wtnmt.decode.workers import SearchWorkers, _worker_engine
+from wtnmt.errors import DecodingError
 from wtnmt.model.packed import int8_available
 from wtnmt.train import Trainer
 
@@ -105,3 +108,40 @@ def test_translate_with_workers_from_the_command_line(run_dir, tmp_path, capsys)
     assert err == "wtnmt translate: error: --workers 0: must be at least 1\n"
     assert cli([*args, "--workers", "2", "--device", "cuda"]) == 2  # CPU only, or no CUDA
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def _kill_workers(workers: SearchWorkers) -> None:
+    for process in list(workers._pool._processes.values()):  # (started by a first search)
+        os.kill(process.pid, signal.SIGKILL)  # as the OOM killer would
+        process.join()
+
+
+def test_a_killed_worker_ends_the_translation_in_one_line_and_writes_nothing(
+    run_dir, tmp_path, capsys, monkeypatch
+):
+    translator = Translator.load(run_dir)
+    translator.start_workers(2)
+    try:
+        translator.translate(SENTENCES[:4])  # the workers are up
+        assert translator._workers is not None
+        _kill_workers(translator._workers)
+        with pytest.raises(DecodingError, match="a decoding worker died"):
+            translator.translate(SENTENCES)
+    finally:
+        translator.close()
+    search = SearchWorkers.search
+
+    def dying(self, sources, **options):  # type: ignore[no-untyped-def]
+        list(search(self, sources[:1], **options))  # the workers are up: kill them
+        _kill_workers(self)
+        yield from search(self, sources, **options)
+
+    monkeypatch.setattr(SearchWorkers, "search", dying)
+    source, out = tmp_path / "src.txt", tmp_path / "out.txt"
+    source.write_text("".join(s + "\n" for s in SENTENCES))
+    capsys.readouterr()
+    argv = ["translate", str(run_dir), "-i", str(source), "-o", str(out), "--workers", "2"]
+    assert cli([*argv, "--threads", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a decoding worker died" in err, err
+    assert not out.exists() and not list(tmp_path.glob(".out.txt*"))

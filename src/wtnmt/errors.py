@@ -13,3 +13,7 @@ class CheckpointError(RuntimeError):
 class EngineUnavailable(RuntimeError):
     """The decoding engine asked for cannot run here (e.g. ``--engine native`` without a C++
     compiler); the message says why."""
+
+
+class DecodingError(RuntimeError):
+    """Decoding stopped part way (e.g. a decoding worker was killed); the message says why."""

@@ -15,11 +15,18 @@ def run_guarded(command: str, body: Callable[[], int]) -> int:
     """Run a command's body: a user's mistake is one line on stderr and exit status 2, Ctrl-C
     is 130, never a traceback."""
     from wtnmt.data import DataError
-    from wtnmt.errors import CheckpointError, EngineUnavailable, TrainingError
+    from wtnmt.errors import CheckpointError, DecodingError, EngineUnavailable, TrainingError
 
     try:
         return body()
-    except (ConfigError, DataError, TrainingError, CheckpointError, EngineUnavailable) as e:
+    except (
+        ConfigError,
+        DataError,
+        TrainingError,
+        CheckpointError,
+        EngineUnavailable,
+        DecodingError,
+    ) as e:
         print(f"wtnmt {command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

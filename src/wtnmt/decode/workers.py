@@ -22,12 +22,14 @@ from __future__ import annotations
 import multiprocessing
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from wtnmt.decode.search import Hypothesis, search_batch
+from wtnmt.errors import DecodingError
 
 _model: Any = None  # a worker's model (or its native engine), built once by _start
 
@@ -102,8 +104,15 @@ class SearchWorkers:
         )
 
     def search(self, sources: Sequence[Tensor], **options: Any) -> Iterator[list[list[Hypothesis]]]:
-        """``search_batch(model, src, **options)`` for each batch of ``sources``, in order."""
-        return self._pool.map(_search, [(src.cpu(), options) for src in sources])
+        """``search_batch(model, src, **options)`` for each batch of ``sources``, in order.
+        Raises DecodingError (one line) if a worker dies (killed, out of memory)."""
+        jobs = [(src.cpu(), options) for src in sources]
+        try:
+            yield from self._pool.map(_search, jobs)
+        except BrokenProcessPool:
+            raise DecodingError(
+                "a decoding worker died (killed, or out of memory: try fewer --workers)"
+            ) from None
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
