@@ -25,7 +25,12 @@ from wtnmt.config import load_config
 from wtnmt.decode.native import NativeUnavailable
 from wtnmt.decode.native.network import NativeEngine
 from wtnmt.decode.search import _constrain, _Stepper, search_batch
-from wtnmt.model import build_model, quantize_decoding
+from wtnmt.model import (
+    branch_weights_overridden,
+    build_model,
+    named_branch_weights,
+    quantize_decoding,
+)
 from wtnmt.model.packed import int8_available
 from wtnmt.special import BOS, EOS, PAD
 
@@ -119,6 +124,36 @@ def test_native_search_finds_what_the_pytorch_engine_finds(kind, precision, fuse
         if min_len:
             assert min(len(h.tokens) for hyps in want for h in hyps) >= min_len - 1
     assert len(lengths) >= 4  # hypotheses ended at many steps: every path of the search ran
+
+
+@pytest.mark.parametrize(
+    ("how", "seed", "only"),
+    [("uniform", 0, None), ("random", 3, None), ("uniform", 0, "decoder_layers.1.")],
+    ids=["uniform", "random", "one-sublayer"],
+)
+@pytest.mark.parametrize(
+    "kind", ["weighted", "weighted-pre-weighted-self-shared-topk", "weighted-pruned"]
+)
+def test_replaced_branch_weights_are_decoded_as_the_pytorch_engine_decodes_them(
+    kind, how, seed, only
+):
+    """Paper Table 3 (`evaluate --branch-weights`, a server's per-request κ, α): the engine
+    reads the model's weights at every batch, so it decodes with the replaced ones inside the
+    block and with the learned ones again after it."""
+    model = _model(kind, 600)
+    src, options = _sources(600), {"beam": 3, "nbest": 2}
+    sublayers = None
+    if only is not None:  # the first branched sublayer of that decoder layer
+        sublayers = [n for n in named_branch_weights(model) if n.startswith(only)][:1]
+        assert sublayers, list(named_branch_weights(model))
+    for fused in (True, False):
+        native = NativeEngine(model, fused=fused)
+        learned = search_batch(native, src, **options)
+        with branch_weights_overridden(model, how, seed=seed, only=sublayers):
+            want = search_batch(model, src, **options)
+            _assert_same(want, search_batch(native, src, **options), exact=not fused)
+        assert [h[0].score for h in want] != [h[0].score for h in learned]  # they differ
+        _assert_same(search_batch(model, src, **options), learned, exact=not fused)
 
 
 # head sizes and branch widths the kernels take in whole vectors of 16, 8 and 4 floats (64 and
@@ -237,8 +272,15 @@ def test_translator_cli_and_server_on_the_native_engine(run, tmp_path, capsys):
         assert client.get("/v1/model").json()["engine"] == "native"
         answer = client.post("/v1/translate", json={"text": SOURCES[:4], "beam": 3}).json()
         assert answer["translations"] == [n[0].text for n in want[:4]]
-        refused = client.post("/v1/translate", json={"text": "a", "branch_weights": "uniform"})
-        assert refused.status_code == 422 and "decodes with native" in refused.json()["detail"]
+        uniform = {"text": SOURCES[:4], "beam": 3, "branch_weights": "uniform"}
+        answer = client.post("/v1/translate", json=uniform).json()
+    with branch_weights_overridden(pytorch.model, "uniform"):
+        assert answer["translations"] == pytorch.translate(SOURCES[:4], beam=3)
+    for engine in ("pytorch", "native"):  # paper Table 3 on either engine: the same file
+        argv = ["evaluate", str(run), "--branch-weights", "random", "--seed", "5"]
+        assert cli([*argv, "--engine", engine]) == 0
+    hyps = {p.name: p.read_text() for p in (run / "eval").glob("*.random-seed5*.hyp")}
+    assert len(hyps) == 2 and len(set(hyps.values())) == 1, sorted(hyps)
     inp = tmp_path / "in.txt"
     inp.write_text("\n".join(SOURCES) + "\n")
     outputs = {}

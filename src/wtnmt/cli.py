@@ -179,7 +179,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     )
     add_serve_arguments(p)
     add_quantize(p)
-    add_engine(p)
+    add_engine(p, default="auto")
     p.set_defaults(func=cmd_serve)
 
 

@@ -234,14 +234,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.corpus and args.src:
         raise ConfigError("give --corpus NAME or --src/--ref, not both")
     check_quantize(args.quantize, args.device)
-    if args.engine == "auto" and args.branch_weights != "learned":
-        args.engine = "pytorch"  # (κ, α are replaced there only)
     check_engine(args.engine, args.device)
     check_tokenizer(args.tokenize)
-    if args.engine != "pytorch" and args.branch_weights != "learned":
+    if args.engine == "onnxruntime" and args.branch_weights != "learned":
         raise ConfigError(
-            f"--branch-weights {args.branch_weights} overrides κ, α in the PyTorch engine "
-            f"only: leave out --engine {args.engine}"
+            f"--branch-weights {args.branch_weights} overrides κ, α in the PyTorch and native "
+            "engines (the ONNX export holds the learned ones): leave out --engine onnxruntime"
         )
     if args.branch_weights_in and args.branch_weights == "learned":
         raise ConfigError(

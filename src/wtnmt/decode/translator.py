@@ -142,10 +142,15 @@ class Translator:
         self, how: str, *, seed: int = 0, only: Sequence[str] | None = None
     ) -> None:
         """Replace κ, α by ``uniform`` or ``random`` ones (paper Table 3), in every branched
-        sublayer or in those named in ``only``; reload to undo. Stops the decoding workers
-        (they hold the learned ones)."""
-        if self.engine != "pytorch":
-            raise ValueError("κ, α are overridden in the PyTorch engine only (--engine pytorch)")
+        sublayer or in those named in ``only``; reload to undo. The PyTorch and native engines
+        decode with them (the native engine reads the model's weights at every batch); not
+        ONNX Runtime, whose export holds the learned ones. Stops the decoding workers (they
+        hold the learned ones)."""
+        if self.engine == "onnxruntime":
+            raise ValueError(
+                "κ, α are overridden in the PyTorch and native engines (the ONNX export holds "
+                "the learned ones)"
+            )
         self.close()
         override_branch_weights(self.model, how, seed=seed, only=only)  # type: ignore[arg-type]
 

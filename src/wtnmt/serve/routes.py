@@ -159,11 +159,11 @@ def choose_search(body: TranslateRequest, state: Any) -> Search:
             reason="no_branch_weights",
             field="branch_weights",
         )
-    if body.branch_weights != "learned" and translator.engine != "pytorch":
+    if body.branch_weights != "learned" and translator.engine == "onnxruntime":
         raise ApiError(
             422,
             f"branch_weights={body.branch_weights!r}: this server decodes with "
-            f"{translator.engine}, which decodes with the learned ones only",
+            "onnxruntime, whose export holds the learned ones only",
             reason="engine",
             field="branch_weights",
         )
