@@ -146,7 +146,9 @@ def test_replaced_branch_weights_are_decoded_as_the_pytorch_engine_decodes_them(
     if only is not None:  # the first branched sublayer of that decoder layer
         sublayers = [n for n in named_branch_weights(model) if n.startswith(only)][:1]
         assert sublayers, list(named_branch_weights(model))
-    for fused in (True, False):
+    runs = [("none", True), ("none", False)] + ([("int8", False)] if int8_available() else [])
+    for precision, fused in runs:  # (int8 with the PyTorch engine's operators: to the bit)
+        quantize_decoding(model, precision)
         native = NativeEngine(model, fused=fused)
         learned = search_batch(native, src, **options)
         with branch_weights_overridden(model, how, seed=seed, only=sublayers):
