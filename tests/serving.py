@@ -17,6 +17,17 @@ from wtnmt.serve.main import bind
 from wtnmt.train import Trainer
 
 
+def served_at(stderr) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    """A `wtnmt serve` process's URL and its line saying so, read from its stderr: the first
+    line, or the second where the first says the native engine (its default, `--engine auto`)
+    is being compiled, its first use on this machine."""
+    line = stderr.readline()
+    if line.startswith("wtnmt: compiling the native engine"):
+        line = stderr.readline()
+    assert line.startswith("wtnmt serve: ") and " at http://" in line, line
+    return line.split(" at ")[1].split("/ ")[0], line
+
+
 def train_tiny_run(directory: Path, **model) -> Path:
     """A weighted-tiny model trained long enough (200 steps, ~5 s) that its translations
     differ from one input to the next, so answers that reach the wrong request are seen."""

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from helpers import sentence
-from serving import LiveServer, shared_tiny_run
+from serving import LiveServer, served_at, shared_tiny_run
 from wtnmt import Translator
 from wtnmt.cli import main as cli
 from wtnmt.model.packed import int8_available
@@ -85,11 +85,8 @@ def test_wtnmt_serve_runs_as_the_readme_says(run_dir, quantize):
         env=env,
     )
     try:
-        line = proc.stderr.readline()
-        if line.startswith("wtnmt: compiling the native engine"):  # (its first use here)
-            line = proc.stderr.readline()
+        url, line = served_at(proc.stderr)
         assert line.startswith(f"wtnmt serve: {run_dir} at http://127.0.0.1:"), line
-        url = line.split(" at ")[1].split("/ ")[0]
         deadline = time.monotonic() + 60
         while httpx.get(url + "/ready").status_code != 200:
             assert time.monotonic() < deadline

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from serving import LiveServer, shared_tiny_run
+from serving import LiveServer, served_at, shared_tiny_run
 from wtnmt import Translator
 from wtnmt.cli import main as cli
 from wtnmt.config import ConfigError
@@ -411,8 +411,7 @@ def test_serve_with_a_half_body_client_from_another_process(run_dir, tmp_path):
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        line = proc.stderr.readline()
-        url = line.split(" at ")[1].split("/ ")[0]
+        url, _ = served_at(proc.stderr)
         deadline = time.monotonic() + 60
         while httpx.get(url + "/ready").status_code != 200 and time.monotonic() < deadline:
             time.sleep(0.1)
