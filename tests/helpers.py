@@ -167,3 +167,11 @@ def scored_tiny_runs(tmp: Path) -> list[Path]:
         scores = {"run": run.name, **training_summary(run), "test": score_run(run)}
         (run / "scores.json").write_text(json.dumps(scores))
     return out
+
+
+def one_line(capsys, command: str, *parts: str) -> str:  # type: ignore[no-untyped-def]
+    """What ``wtnmt COMMAND`` wrote on stderr: one line, an error naming every one of ``parts``."""
+    err = capsys.readouterr().err
+    assert err.startswith(f"wtnmt {command}: error: ") and err.count("\n") == 1, err
+    assert all(part in err for part in parts), err
+    return err

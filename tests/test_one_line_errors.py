@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import tiny_run_config, train_tiny
+from helpers import one_line, tiny_run_config, train_tiny
 from wtnmt.analysis.metrics import read_metrics
 from wtnmt.cli import main as cli
 from wtnmt.config import ConfigError, config_to_dict, load_config
@@ -26,13 +26,6 @@ QUIET = {"log_to_stderr": False}
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     return train_tiny(tmp_path_factory.mktemp("errors"))
-
-
-def one_line(capsys, command: str, *parts: str) -> str:
-    err = capsys.readouterr().err
-    assert err.startswith(f"wtnmt {command}: error: ") and err.count("\n") == 1, err
-    assert all(part in err for part in parts), err
-    return err
 
 
 @pytest.mark.parametrize(
@@ -122,19 +115,6 @@ def test_demo_options_are_checked_and_blame_the_option(capsys, args, message):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "weighted-small" not in err
-
-
-def test_a_later_evaluate_drops_the_compare_block_and_records_its_source(run_dir, tmp_path):
-    src, ref = tmp_path / "s.txt", tmp_path / "r.txt"
-    src.write_text("alpha beta\n")
-    ref.write_text("AHPLA ATEB\n")
-    base = ["evaluate", str(run_dir), "--src", str(src), "--ref", str(ref)]
-    assert cli([*base, "--compare", str(run_dir), "--samples", "10"]) == 0
-    assert "compare" in json.loads((run_dir / "scores.json").read_text())
-    assert cli(base) == 0
-    scores = json.loads((run_dir / "scores.json").read_text())
-    assert "compare" not in scores  # it compared an earlier evaluation, not this one
-    assert scores["source"] == {"src": str(src), "ref": str(ref)}
 
 
 @pytest.mark.slow
@@ -310,30 +290,6 @@ def test_prepare_workers_and_vocabulary_sample_out_of_range_are_one_line(tmp_pat
     assert not (tmp_path / "p").exists()
 
 
-def test_evaluate_tokenize_scores_bleu_as_sacrebleu_does_and_records_it(run_dir, tmp_path, capsys):
-    from sacrebleu.metrics import BLEU
-
-    src, ref = tmp_path / "s.txt", tmp_path / "r.txt"
-    src.write_text("alpha beta\ngamma\n")
-    ref.write_text("ALPHA 的 BETA\n猫 GAMMA\n")
-    base = ["evaluate", str(run_dir), "--src", str(src), "--ref", str(ref)]
-    assert cli([*base, "--tokenize", "zh"]) == 0
-    scores = json.loads((run_dir / "scores.json").read_text())
-    hyps = (run_dir / "eval" / "s.tok-zh.hyp").read_text().splitlines()
-    expected = BLEU(tokenize="zh").corpus_score(hyps, [ref.read_text().splitlines()])
-    assert scores["tokenize"] == "zh" and "tok:zh" in scores["signature"]
-    assert scores["bleu"] == round(expected.score, 2)
-    capsys.readouterr()
-    assert cli([*base, "--tokenize", "moses"]) == 2
-    one_line(capsys, "evaluate", "--tokenize moses: one of 13a, intl, zh")
-    try:
-        BLEU(tokenize="ja-mecab").corpus_score(["a"], [["a"]])
-    except RuntimeError:  # sacrebleu[ja] is not installed: said before anything is decoded
-        assert cli([*base, "--tokenize", "ja-mecab"]) == 2
-        one_line(capsys, "evaluate", "--tokenize ja-mecab", "pip install")
-        assert not (run_dir / "eval" / "s.tok-ja-mecab.hyp").exists()
-
-
 def test_every_option_of_every_command_says_what_it_does(capsys):
     import argparse
 
@@ -357,24 +313,6 @@ def test_every_option_of_every_command_says_what_it_does(capsys):
     assert len(listed) == len(
         list((Path(__file__).parents[1] / "src/wtnmt/configs").glob("*.yaml"))
     )
-
-
-def test_evaluate_scores_the_runs_own_split_of_its_own_files(run_dir, tmp_path, capsys):
-    from wtnmt import Translator
-    from wtnmt.config import load_config
-
-    data = load_config(run_dir / "config.yaml").data
-    assert data.corpus is None and data.test_src  # trained on its own files
-    assert cli(["evaluate", str(run_dir), "--split", "test"]) == 0
-    scores = json.loads((run_dir / "scores.json").read_text())
-    assert scores["source"] == {"run_split": "test"}
-    refs = Path(data.test_tgt).read_text().splitlines()
-    hyps = Translator.load(run_dir).translate(Path(data.test_src).read_text().splitlines())
-    assert (run_dir / "eval" / "run.test.hyp").read_text().splitlines() == hyps
-    assert scores["n_sentences"] == len(refs)
-    capsys.readouterr()
-    assert cli(["evaluate", str(run_dir), "--src", data.test_src]) == 2
-    one_line(capsys, "evaluate", "--src and --ref go together", "wtnmt evaluate --help")
 
 
 def test_translate_takes_weights_and_a_run_without_its_best_yet_says_what_to_decode(
@@ -419,35 +357,3 @@ def test_config_mistakes_name_the_key_they_meant_and_where_files_were_looked_for
     monkeypatch.chdir(tmp_path)
     assert cli(["prepare", str(path), "--out", str(tmp_path / "p")]) == 2
     one_line(capsys, "prepare", f"nowhere.en: no such file in {tmp_path} (the working directory)")
-
-
-def test_evaluating_again_keeps_the_earlier_decoding_and_scores(run_dir, tmp_path, capsys):
-    import shutil
-
-    import torch
-
-    from wtnmt import Translator
-    from wtnmt.rundir.files import save_weights
-
-    run = tmp_path / "run"
-    shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns("checkpoints", "eval"))
-    (tmp_path / "s").write_text("alpha beta\ngamma delta epsilon\n")
-    args = ["evaluate", str(run), "--src", str(tmp_path / "s"), "--ref", str(tmp_path / "s")]
-    assert cli(args) == 0
-    first = (run / "eval" / "s.hyp").read_text()
-    assert cli(args) == 0  # the same decoding again: nothing kept twice
-    assert not list((run / "eval").glob("s.hyp.~*~"))
-    model = Translator.load(run).model
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p))  # other weights: another decoding
-    save_weights(model, run / "model.safetensors")
-    capsys.readouterr()
-    assert cli(args) == 0
-    assert "the earlier s.hyp differed: kept as" in capsys.readouterr().err
-    assert (run / "eval" / "s.hyp.~1~").read_text() == first
-    assert (run / "eval" / "s.hyp").read_text() != first
-    history = [json.loads(line) for line in (run / "eval" / "history.jsonl").open()]
-    assert [h["name"] for h in history] == ["s", "s", "s"]
-    assert history[0]["hypotheses_sha256"] == history[1]["hypotheses_sha256"]
-    assert history[2]["hypotheses_sha256"] != history[0]["hypotheses_sha256"]
