@@ -3,6 +3,7 @@ translations, in the same order, as decoding in this process."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 from pathlib import Path
@@ -145,3 +146,17 @@ def test_a_killed_worker_ends_the_translation_in_one_line_and_writes_nothing(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "a decoding worker died" in err, err
     assert not out.exists() and not list(tmp_path.glob(".out.txt*"))
+
+
+def test_a_worker_that_cannot_start_says_why_in_one_line(run_dir, capfd):
+    translator = Translator.load(run_dir)
+    wrong = dataclasses.replace(translator.config.model, d_ff=96)  # not the weights' shape
+    ids = translator.encode(SENTENCES[:4])
+    sources = [torch.tensor([row]) for row in ids]
+    with SearchWorkers(translator.model, model_config=wrong, int8=False, workers=2) as workers:
+        with pytest.raises(DecodingError) as raised:
+            list(workers.search(sources, beam=1))
+    message = str(raised.value)
+    assert message.startswith("a decoding worker could not start: RuntimeError: Error(s) in")
+    assert "size mismatch" in message and "\n" not in message and len(message) < 400, message
+    assert "Traceback" not in capfd.readouterr().err  # nothing from the workers themselves

@@ -32,9 +32,27 @@ from wtnmt.decode.search import Hypothesis, search_batch
 from wtnmt.errors import DecodingError
 
 _model: Any = None  # a worker's model (or its native engine), built once by _start
+_start_error: str | None = None  # why _start could not build it, said at the first search
 
 
-def _start(
+class _StartFailed(RuntimeError):
+    """A worker could not build its model; raised by its searches, so that the parent process
+    says why in one line (an initializer that raises leaves only a broken pool, and a child's
+    traceback on stderr)."""
+
+
+def _start(*args: Any) -> None:
+    """A worker's initializer: _build(*args), or the reason it failed into _start_error."""
+    global _start_error
+    try:
+        _build(*args)
+    except Exception as e:  # (MemoryError included)
+        why = " ".join(str(e).split())  # one line, however many the message had
+        why = why if len(why) <= 300 else why[:299] + "…"
+        _start_error = f"{type(e).__name__}: {why}" if why else type(e).__name__
+
+
+def _build(
     model_config: Any,
     sizes: tuple[int, int | None],
     state: dict,
@@ -66,6 +84,8 @@ def _worker_engine() -> str:
 
 def _search(job: tuple[Tensor, dict]) -> list[list[Hypothesis]]:
     src, options = job
+    if _start_error is not None:
+        raise _StartFailed(_start_error)
     assert _model is not None, "a worker searches only after _start"
     return search_batch(_model, src, **options)
 
@@ -105,10 +125,13 @@ class SearchWorkers:
 
     def search(self, sources: Sequence[Tensor], **options: Any) -> Iterator[list[list[Hypothesis]]]:
         """``search_batch(model, src, **options)`` for each batch of ``sources``, in order.
-        Raises DecodingError (one line) if a worker dies (killed, out of memory)."""
+        Raises DecodingError (one line) if a worker could not start or dies (killed, out of
+        memory)."""
         jobs = [(src.cpu(), options) for src in sources]
         try:
             yield from self._pool.map(_search, jobs)
+        except _StartFailed as e:
+            raise DecodingError(f"a decoding worker could not start: {e}") from None
         except BrokenProcessPool:
             raise DecodingError(
                 "a decoding worker died (killed, or out of memory: try fewer --workers)"
