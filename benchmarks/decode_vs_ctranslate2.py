@@ -43,12 +43,16 @@ beam search, in the same rotation; their greedy outputs are checked identical to
 engine's first. Its line reads each ratio to wtnmt's PyTorch float32 and to CTranslate2. The
 native engine (`--engine native`, decode/native: the search and the decoder step in C++ over
 the PyTorch engine's packed weights) likewise, float32 and int8, where it can be built.
+``--onednn-int8`` adds the native int8 Weighted Transformer with its products packed for
+oneDNN's int8 kernels (``WTNMT_INT8_KERNELS=onednn``: AMX where the CPU has it) and reads it
+against the FBGEMM-packed one of the same rounds.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import sys
 import tempfile
@@ -117,6 +121,27 @@ def check_engines_agree(model, network, inputs, limit: int) -> int:  # type: ign
     return checked
 
 
+def packed_for_onednn(model, src: torch.Tensor) -> NativeEngine:  # type: ignore[no-untyped-def]
+    """The native engine over an int8 copy of ``model`` whose products are packed for oneDNN's
+    kernels: packed by a first search with WTNMT_INT8_KERNELS=onednn, kept since (a packed
+    copy keeps its library until its weights change)."""
+    torch.manual_seed(0)
+    q = build_model(load_config("weighted-small").model, vocab_size=model.embedding.weight.size(0))
+    q.load_state_dict(model.state_dict())
+    quantize_decoding(q.eval(), "int8")
+    engine = NativeEngine(q)
+    before = os.environ.get("WTNMT_INT8_KERNELS")
+    os.environ["WTNMT_INT8_KERNELS"] = "onednn"
+    try:
+        search_batch(engine, src, beam=1, max_len=2)
+    finally:
+        if before is None:
+            del os.environ["WTNMT_INT8_KERNELS"]
+        else:
+            os.environ["WTNMT_INT8_KERNELS"] = before
+    return engine
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
@@ -127,6 +152,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--pause", type=float, default=0.3, help="seconds before each entry")
     parser.add_argument("--check", type=int, default=256, help="sentences checked first")
+    parser.add_argument(
+        "--onednn-int8",
+        action="store_true",
+        help="also the native int8 Weighted Transformer packed for oneDNN's kernels",
+    )
     args = parser.parse_args()
     print(machine_line(args.threads), flush=True)
     torch.set_num_threads(args.threads)
@@ -173,6 +203,8 @@ def main() -> None:
             models[f"native {flavour} int8"] = NativeEngine(quantized[flavour])
     except NativeUnavailable as e:
         print(f"{e}: its entries left out", flush=True)
+    if args.onednn_int8 and "native weighted int8" in models:
+        models[ONEDNN] = packed_for_onednn(models["weighted"], inputs[0])
     for flavour in ("weighted", "transformer"):
         for other in ("ort", "native"):
             if f"{other} {flavour} fp32" not in models:
@@ -225,6 +257,7 @@ ENTRIES = [
     *(f"ort {f} {p}" for f in ("weighted", "transformer") for p in ("fp32", "int8")),
     # the native engine: search and decoder step in C++ over the PyTorch engine's weights
     *(f"native {f} {p}" for f in ("weighted", "transformer") for p in ("fp32", "int8")),
+    "native weighted int8 onednn",  # (--onednn-int8) its products on oneDNN's int8 kernels
     "ct2 float32",
     "ct2 int8",
     # both engines with 2 workers of 1 thread each, each worker decoding its own batches
@@ -236,6 +269,7 @@ ENTRIES = [
     "ct2 int8 x2",
 ]
 WORKERS = 2
+ONEDNN = "native weighted int8 onednn"
 
 
 def entries(threads: int, models: dict | None = None) -> list[str]:  # type: ignore[type-arg]
@@ -306,7 +340,7 @@ def report(rates: dict[tuple[str, int], list[float]], args: argparse.Namespace) 
     med = {key: statistics.median(values) for key, values in rates.items()}
     print(f"\nmedians of {args.rounds} rounds, output tokens/s ({args.threads} threads), and "
           "ratios to CTranslate2 (median of the rounds' ratios, lowest–highest):")  # fmt: skip
-    print(f"  {'entry':24s} {'greedy':>7s} {'beam 5':>7s}   ×CT2 f32 greedy / beam 5"
+    print(f"  {'entry':27s} {'greedy':>7s} {'beam 5':>7s}   ×CT2 f32 greedy / beam 5"
           "            ×CT2 int8 greedy / beam 5")  # fmt: skip
     for entry in [e for e in entries(args.threads) if (e, 1) in rates]:
         x2 = " x2" if entry.endswith(" x2") else ""  # against CTranslate2 with as many workers
@@ -315,7 +349,7 @@ def report(rates: dict[tuple[str, int], list[float]], args: argparse.Namespace) 
             for base in ("ct2 float32", "ct2 int8")
             for b in (1, 5)
         ]
-        print(f"  {entry:24s} {med[(entry, 1)]:7.0f} {med[(entry, 5)]:7.0f}   "
+        print(f"  {entry:27s} {med[(entry, 1)]:7.0f} {med[(entry, 5)]:7.0f}   "
               f"{cells[0]} / {cells[1]}   {cells[2]} / {cells[3]}")  # fmt: skip
     for other, name in (("ort", "ONNX Runtime"), ("native", "native")):
         for f in ("weighted", "transformer"):
@@ -334,11 +368,17 @@ def report(rates: dict[tuple[str, int], list[float]], args: argparse.Namespace) 
                 f"{span(ct2['int8', 5])}"
             )
 
+    if (ONEDNN, 1) in rates:
+        over = {b: ratios(ONEDNN, b, "native weighted int8") for b in (1, 5)}
+        print(f"native int8 on oneDNN's kernels / on FBGEMM's: greedy {span(over[1])} "
+              f"beam5 {span(over[5])}")  # fmt: skip
+
     def best(precisions: tuple[str, ...], base: str, beam: int, x2: str) -> float:
         """The fastest wtnmt engine against ``base``, round by round (workers: PyTorch's
         or native)."""
         engines = ("wtnmt", "native") if x2 else ("wtnmt", "ort", "native")
         found = [f"{e} weighted {p}{x2}" for e in engines for p in precisions]
+        found += [ONEDNN] if not x2 and "int8" in precisions else []
         rounds = [ratios(e, beam, base + x2) for e in found if (e, beam) in rates]
         return statistics.median(max(r) for r in zip(*rounds, strict=True))
 

@@ -126,6 +126,7 @@ def cpu_description() -> dict[str, Any]:
         "avx_vnni",
         "avx512_bf16",
         "amx_bf16",
+        "amx_int8",
         "amx_tile",
         "bf16",
     )

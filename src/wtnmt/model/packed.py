@@ -23,12 +23,19 @@ same places multiply through FBGEMM's dynamically quantised linear instead: weig
 output channel (symmetric, scale max|w|/127, packed once), activations quantised per call
 (per tensor, unsigned: 8 bits where the CPU has AVX512-VNNI, 7 elsewhere: ``int8_reduce_range``),
 int32 accumulation. Off unless asked for; float32 everywhere else (attention, layer norms,
-the Weighted Transformer's per-branch products).
+the Weighted Transformer's per-branch products). ``WTNMT_INT8_KERNELS=onednn`` in the
+environment packs them for oneDNN's int8 kernels instead (the same quantisation, the same
+results up to the order of int32 sums), which use AMX where the CPU has it and FBGEMM does
+not; on an AMD CPU with AVX-512 VNNI it decoded somewhat slower in greedy search
+(docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import threading
 import warnings
 from collections.abc import Iterator
 from typing import Literal
@@ -37,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from wtnmt.errors import EngineUnavailable
 from wtnmt.model.speed import fast_paths
 from wtnmt.runtime import cpu_description
 
@@ -86,7 +94,7 @@ class PackedLinear:
     def __init__(self) -> None:
         self._key: object = None
         self._packed: object = None
-        self.int8 = False  # decode through FBGEMM's int8 linear (quantize_decoding)
+        self.int8 = False  # decode through the int8 linear (quantize_decoding)
 
     def __call__(
         self, x: Tensor, weight: Tensor, bias: Tensor | None = None, *, key: object = None
@@ -112,7 +120,7 @@ class PackedLinear:
     ) -> object:
         """The packed copy of ``weight`` this product multiplies by (packed now unless the
         one kept is of the same weights): oneDNN's float32 layout (``rows``, the activation's
-        rows, a hint for it), or FBGEMM's int8 weight with ``bias`` inside. The native engine
+        rows, a hint for it), or the int8 weight with ``bias`` inside (pack_int8). The native engine
         (decode/native) multiplies by the same copies."""
         if key is None:
             key = (weight.data_ptr(), weight._version, weight.shape, weight.stride())
@@ -189,15 +197,47 @@ class _OneDNNLinear(torch.autograd.Function):
         return grad_x, grad_w, grad_b
 
 
-def pack_int8(weight: Tensor, bias: Tensor | None) -> object:
-    """weight [out, in] → FBGEMM's packed int8 weight (symmetric, one scale per output row)
-    with its float32 bias."""
+INT8_KERNELS = ("fbgemm", "onednn")  # the libraries int8 products can multiply through
+_engine_lock = threading.Lock()  # torch.backends.quantized.engine is one for the process
+
+
+def int8_kernels() -> str:
+    """The library int8 products are packed for: ``$WTNMT_INT8_KERNELS``, FBGEMM unless it
+    names oneDNN, read as each weight is packed (a packed copy keeps its library). Raises
+    EngineUnavailable for another name, or one this build lacks."""
+    chosen = os.environ.get("WTNMT_INT8_KERNELS", "").strip().lower() or "fbgemm"
+    if chosen not in INT8_KERNELS:
+        raise EngineUnavailable(
+            f"WTNMT_INT8_KERNELS={chosen!r}: int8 products run on {' or '.join(INT8_KERNELS)}"
+        )
+    if chosen not in torch.backends.quantized.supported_engines:  # pragma: no cover - builds
+        raise EngineUnavailable(f"WTNMT_INT8_KERNELS={chosen!r}: not in this PyTorch build")
+    return chosen
+
+
+@contextlib.contextmanager
+def _quantized_engine(name: str) -> Iterator[None]:
+    """PyTorch's quantised engine set to ``name`` (what linear_prepack packs for) meanwhile."""
+    with _engine_lock:
+        before = torch.backends.quantized.engine
+        torch.backends.quantized.engine = name
+        try:
+            yield
+        finally:
+            torch.backends.quantized.engine = before
+
+
+def pack_int8(weight: Tensor, bias: Tensor | None, kernels: str | None = None) -> object:
+    """weight [out, in] → the packed int8 weight (symmetric, one scale per output row) with
+    its float32 bias, for ``kernels`` (FBGEMM or oneDNN; by default int8_kernels()). Either
+    multiplies through ``quantized::linear_dynamic``, which follows the packed weight."""
     scale = weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0
     zero = torch.zeros(weight.size(0), dtype=torch.long)
     with warnings.catch_warnings():  # quantised tensors are how FBGEMM takes int8 weights
         warnings.simplefilter("ignore", UserWarning)
         qweight = torch.quantize_per_channel(weight.float(), scale.double(), zero, 0, torch.qint8)
-        return torch.ops.quantized.linear_prepack(qweight, bias)
+        with _quantized_engine(kernels or int8_kernels()):
+            return torch.ops.quantized.linear_prepack(qweight, bias)
 
 
 @functools.cache
@@ -216,7 +256,7 @@ def int8_available() -> bool:
     try:
         if "fbgemm" not in torch.backends.quantized.supported_engines:
             return False
-        packed = pack_int8(torch.eye(4), None)
+        packed = pack_int8(torch.eye(4), None, "fbgemm")
         y = torch.ops.quantized.linear_dynamic(torch.ones(1, 4), packed, True)
         return bool(torch.allclose(y, torch.ones(1, 4), atol=0.05))
     except (AttributeError, RuntimeError, NotImplementedError):  # pragma: no cover - other builds
@@ -229,6 +269,8 @@ def quantize_decoding(model: torch.nn.Module, mode: Literal["none", "int8"]) -> 
     (with gradients every layer multiplies in float32)."""
     if mode not in ("none", "int8"):
         raise ValueError(f"quantize: {mode!r} is not one of 'none', 'int8'")
+    if mode == "int8":
+        int8_kernels()  # (a name it does not know: a one-line error now, not at decoding)
     if mode == "int8" and not int8_available():
         raise RuntimeError("int8 decoding needs PyTorch's FBGEMM backend (x86 CPU builds)")
     switched = 0
@@ -256,6 +298,7 @@ __all__ = [
     "PackedLinear",
     "decoding_mode",
     "int8_available",
+    "int8_kernels",
     "int8_reduce_range",
     "linear",
     "onednn_available",
