@@ -15,7 +15,7 @@ model, agreement is decided where the simulation's own margins are known (``marg
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -99,10 +99,11 @@ def simulated_int8(how: Int8) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def checked_int8(how: Int8, errors: list[float]) -> Iterator[None]:
+def checked_int8(how: Int8 | Callable[..., Tensor], errors: list[float]) -> Iterator[None]:
     """Every PackedLinear switched to int8 runs its kernel as it would, and each call's output
-    is compared with ``int8_linear`` of that call's own input: the largest difference, relative
-    to the simulation's largest value, is appended to ``errors``. Compared call by call, a
+    is compared with ``int8_linear`` of that call's own input (or ``how(x, weight, bias)``):
+    the largest difference, relative to the expected largest value, is appended to
+    ``errors``. Compared call by call, a
     decoding is checked product by product without chaining: a value that float32 rounding
     puts on the other side of a quantisation step in one engine and not in the other (which
     then moves every later activation) is never compared against a diverged path."""
@@ -111,7 +112,10 @@ def checked_int8(how: Int8, errors: list[float]) -> Iterator[None]:
     def call(self, x, weight, bias=None, *, key=None):  # type: ignore[no-untyped-def]
         out = original(self, x, weight, bias, key=key)
         if self.int8 and not torch.is_grad_enabled():
-            expected = int8_linear(x, weight, bias, how)
+            if isinstance(how, Int8):
+                expected = int8_linear(x, weight, bias, how)
+            else:
+                expected = how(x, weight, bias)
             scale = max(expected.abs().max().item(), 1e-12)
             errors.append((out - expected).abs().max().item() / scale)
         return out

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import one_line, sentence, train_tiny
-from int8_oracle import int8_linear, pytorch_int8
+from int8_oracle import checked_int8, int8_linear, pytorch_int8
 from wtnmt.cli import main as cli
 from wtnmt.config import load_config
 from wtnmt.decode.native import unavailable_reason
@@ -60,30 +60,15 @@ def test_an_int8_product_is_the_simulation_on_the_library_asked_for(kernels, mon
         assert matmuls == []
 
 
-@contextlib.contextmanager
-def checked_against_fbgemm(errors: list[float]) -> Iterator[None]:
-    """Every int8 PackedLinear runs as it would, and its output is compared with FBGEMM's
-    product of that call's own input by the same weights: the largest difference, relative to
-    FBGEMM's largest value, into ``errors``. (Not the float64 simulation here: over a whole
-    search an activation sometimes falls exactly half a step between two, and float32
-    arithmetic, both libraries', rounds it the other way than float64.)"""
-    original = PackedLinear.__call__
-
-    def call(self, x, weight, bias=None, *, key=None):  # type: ignore[no-untyped-def]
-        out = original(self, x, weight, bias, key=key)
-        if self.int8 and not torch.is_grad_enabled():
-            packed = pack_int8(weight.detach(), None if bias is None else bias.detach(), "fbgemm")
-            flat = x.reshape(-1, x.size(-1))
-            fbgemm = torch.ops.quantized.linear_dynamic(flat, packed, int8_reduce_range())
-            scale = max(fbgemm.abs().max().item(), 1e-12)
-            errors.append((out.reshape(fbgemm.shape) - fbgemm).abs().max().item() / scale)
-        return out
-
-    PackedLinear.__call__ = call  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        PackedLinear.__call__ = original  # type: ignore[method-assign]
+def fbgemm_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):  # type: ignore[no-untyped-def]
+    """FBGEMM's int8 product of ``x`` by ``weight``, as the default packs it. (Compared with
+    it rather than with the float64 simulation through a whole search: there an activation
+    sometimes falls exactly half a step between two, and float32 arithmetic, both libraries',
+    rounds it the other way than float64.)"""
+    packed = pack_int8(weight.detach(), None if bias is None else bias.detach(), "fbgemm")
+    flat = x.reshape(-1, x.size(-1))
+    out = torch.ops.quantized.linear_dynamic(flat, packed, int8_reduce_range())
+    return out.view(*x.shape[:-1], out.size(-1))
 
 
 def _model() -> torch.nn.Module:
@@ -109,7 +94,7 @@ def test_a_search_packed_for_onednn_is_the_simulation_on_both_engines(monkeypatc
     src[:, -1] = EOS
     errors: list[float] = []
     matmuls: list[str] = []
-    with onednn_log(capfd, matmuls), checked_against_fbgemm(errors):
+    with onednn_log(capfd, matmuls), checked_int8(fbgemm_product, errors):
         found = search_batch(model, src, beam=4, nbest=2)
     assert len(errors) > 30 and max(errors) < 1e-5, (len(errors), max(errors))
     assert len(matmuls) == len(errors), (len(matmuls), len(errors))  # every one in oneDNN
