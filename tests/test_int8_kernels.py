@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from helpers import one_line, sentence, train_tiny
 from int8_oracle import checked_int8, int8_linear, pytorch_int8
@@ -60,7 +61,7 @@ def test_an_int8_product_is_the_simulation_on_the_library_asked_for(kernels, mon
         assert matmuls == []
 
 
-def fbgemm_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):  # type: ignore[no-untyped-def]
+def fbgemm_product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """FBGEMM's int8 product of ``x`` by ``weight``, as the default packs it. (Compared with
     it rather than with the float64 simulation through a whole search: there an activation
     sometimes falls exactly half a step between two, and float32 arithmetic, both libraries',

@@ -120,8 +120,8 @@ class PackedLinear:
     ) -> object:
         """The packed copy of ``weight`` this product multiplies by (packed now unless the
         one kept is of the same weights): oneDNN's float32 layout (``rows``, the activation's
-        rows, a hint for it), or the int8 weight with ``bias`` inside (pack_int8). The native engine
-        (decode/native) multiplies by the same copies."""
+        rows, a hint for it), or the int8 weight with ``bias`` inside (pack_int8). The native
+        engine (decode/native) multiplies by the same copies."""
         if key is None:
             key = (weight.data_ptr(), weight._version, weight.shape, weight.stride())
             if bias is not None:  # int8 packs the bias with the weight
