@@ -26,8 +26,8 @@ int32 accumulation. Off unless asked for; float32 everywhere else (attention, la
 the Weighted Transformer's per-branch products). ``WTNMT_INT8_KERNELS=onednn`` in the
 environment packs them for oneDNN's int8 kernels instead (the same quantisation, the same
 results up to the order of int32 sums), which use AMX where the CPU has it and FBGEMM does
-not; on an AMD CPU with AVX-512 VNNI it decoded somewhat slower in greedy search
-(docs/BENCHMARKS.md).
+not; on an AMD CPU with AVX-512 VNNI the native engine's int8 search ran 0.77× (greedy) and
+0.88× (beam 5) as fast on them (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
