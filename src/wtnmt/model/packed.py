@@ -210,9 +210,14 @@ def int8_kernels() -> str:
         raise EngineUnavailable(
             f"WTNMT_INT8_KERNELS={chosen!r}: int8 products run on {' or '.join(INT8_KERNELS)}"
         )
-    if chosen not in torch.backends.quantized.supported_engines:  # pragma: no cover - builds
+    if chosen not in _quantized_engines():  # pragma: no cover - other builds
         raise EngineUnavailable(f"WTNMT_INT8_KERNELS={chosen!r}: not in this PyTorch build")
     return chosen
+
+
+@functools.cache
+def _quantized_engines() -> frozenset[str]:
+    return frozenset(torch.backends.quantized.supported_engines)
 
 
 @contextlib.contextmanager
@@ -240,14 +245,28 @@ def pack_int8(weight: Tensor, bias: Tensor | None, kernels: str | None = None) -
             return torch.ops.quantized.linear_prepack(qweight, bias)
 
 
-@functools.cache
+# oneDNN's instruction sets (ONEDNN_MAX_CPU_ISA) whose u8×s8 products add pairs in 16 bits
+_ONEDNN_BELOW_VNNI = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE")
+
+
 def int8_reduce_range() -> bool:
     """Whether int8 decoding quantises activations to 7 bits rather than 8. Without VNNI, x86
     adds pairs of u8×s8 products in 16 bits, which 8-bit activations can overflow (FBGEMM
     saturates); AVX512-VNNI adds them in 32 bits, so there the full 8 bits are exact (only
     that VNNI: it is the one PyTorch checks for, and 7 bits are safe everywhere). On the
-    demo's model (d_model 128) 7 bits cost 0.58 test BLEU against float32, 8 bits 0.05."""
-    return "avx512_vnni" not in cpu_description()["flags"]
+    demo's model (d_model 128) 7 bits cost 0.58 test BLEU against float32, 8 bits 0.05.
+    oneDNN's kernels (int8_kernels) also take 7 bits where ``ONEDNN_MAX_CPU_ISA`` holds them
+    below VNNI (as the tests emulate older CPUs)."""
+    return _reduce_range(os.environ.get("WTNMT_INT8_KERNELS", ""))  # (on every int8 product)
+
+
+@functools.cache
+def _reduce_range(kernels: str) -> bool:
+    if "avx512_vnni" not in cpu_description()["flags"]:
+        return True
+    limit = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
+    onednn = kernels.strip().lower() == "onednn"
+    return onednn and limit.strip().upper() in _ONEDNN_BELOW_VNNI
 
 
 @functools.cache
