@@ -192,7 +192,7 @@ def test_translate_quantize_int8_from_the_command_line(trained, tmp_path, capsys
     assert exit_.value.code == 2 and "invalid choice: 'int4'" in capsys.readouterr().err
 
 
-def test_evaluate_quantize_int8_says_so_and_keeps_the_float32_files(trained, tmp_path):
+def test_evaluate_quantize_int8_says_so_and_keeps_the_float32_files(trained, tmp_path, monkeypatch):
     run, sources = trained
     (tmp_path / "src.txt").write_text("".join(s + "\n" for s in sources[:8]))
     refs = Translator.load(run).translate(sources[:8], beam=4)
@@ -206,3 +206,13 @@ def test_evaluate_quantize_int8_says_so_and_keeps_the_float32_files(trained, tmp
     scores = json.loads((run / "scores.json").read_text())
     assert scores["quantize"] == "int8"  # the latest evaluation says how it decoded
     assert json.loads((run / "eval" / "src.scores.json").read_text())["quantize"] == "none"
+    int8 = (run / "eval" / "src.int8.hyp").read_text()
+    monkeypatch.setenv("WTNMT_INT8_KERNELS", "onednn")  # oneDNN's int8 kernels: their own files
+    assert cli([*args, str(tmp_path / "ref.txt"), "--quantize", "int8"]) == 0
+    assert (run / "eval" / "src.int8.hyp").read_text() == int8
+    assert (run / "eval" / "src.int8.onednn.hyp").is_file()
+    kernels = {
+        name: json.loads((run / "eval" / f"{name}.scores.json").read_text())["int8_kernels"]
+        for name in ("src", "src.int8", "src.int8.onednn")
+    }
+    assert kernels == {"src": None, "src.int8": "fbgemm", "src.int8.onednn": "onednn"}

@@ -72,10 +72,14 @@ def test_serve_refuses_a_busy_port_and_a_missing_run(run_dir, tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("quantize", ["none", "int8"])
-def test_wtnmt_serve_runs_as_the_readme_says(run_dir, quantize):
+@pytest.mark.parametrize(
+    ("quantize", "kernels"), [("none", None), ("int8", "fbgemm"), ("int8", "onednn")]
+)
+def test_wtnmt_serve_runs_as_the_readme_says(run_dir, quantize, kernels, monkeypatch):
     if quantize == "int8" and not int8_available():
         pytest.skip("this PyTorch build has no FBGEMM int8 linear")
+    if kernels == "onednn":  # (the server's environment and this process's)
+        monkeypatch.setenv("WTNMT_INT8_KERNELS", kernels)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     command = ["serve", str(run_dir), "--port", "0", "--threads", "1", "--quantize", quantize]
     proc = subprocess.Popen(
@@ -94,6 +98,7 @@ def test_wtnmt_serve_runs_as_the_readme_says(run_dir, quantize):
         model = httpx.get(url + "/v1/model").json()
         expected_engine = Translator.load(run_dir, engine="auto").engine  # native where it runs
         assert (model["quantize"], model["engine"]) == (quantize, expected_engine)
+        assert model["int8_kernels"] == kernels
         # (int8 quantises each batch's activations as a whole: one sentence, batched alone)
         r = httpx.post(url + "/v1/translate", json={"text": SENTENCE})
         expected = Translator.load(run_dir, quantize=quantize, engine=expected_engine).translate(

@@ -306,6 +306,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             name += "-in-" + sublayers_tag(args.branch_weights_in, room)
     if args.quantize != "none":  # its own files: never the float32 evaluation's
         name += f".{args.quantize}"
+    if translator.int8_kernels == "onednn":  # and never the FBGEMM one's
+        name += ".onednn"
     if args.engine != "pytorch":
         name += f".{args.engine}"
     lenpen = _length_penalty(translator, args)
@@ -328,7 +330,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         "source": source, "beam": beam, "branch_weights": args.branch_weights,
         "seed": args.seed if args.branch_weights == "random" else None,
         "branch_weights_in": args.branch_weights_in,
-        "quantize": args.quantize, "engine": args.engine, "weights": args.weights,
+        "quantize": args.quantize, "int8_kernels": translator.int8_kernels,
+        "engine": args.engine, "weights": args.weights,
     }  # fmt: skip
     d = translator.config.decode
     scores["length_penalty"] = {"alpha": d.length_penalty, "form": d.length_penalty_form}

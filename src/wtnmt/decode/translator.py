@@ -32,6 +32,7 @@ from wtnmt.model import (
     override_branch_weights,
     quantize_decoding,
 )
+from wtnmt.model.packed import int8_kernels
 from wtnmt.rundir import load_run
 from wtnmt.special import BOS, EOS, PAD
 
@@ -137,6 +138,14 @@ class Translator:
         if self.network is not self.model:
             return self.network.quantize  # type: ignore[no-any-return]
         return decoding_mode(self.model)
+
+    @property
+    def int8_kernels(self) -> str | None:
+        """The library the int8 products multiply through (``fbgemm``, or ``onednn`` under
+        ``WTNMT_INT8_KERNELS=onednn``); None in float32, and for ONNX Runtime's own int8."""
+        if self.quantize == "none" or self.engine == "onnxruntime":
+            return None
+        return int8_kernels()
 
     def set_branch_weights(
         self, how: str, *, seed: int = 0, only: Sequence[str] | None = None

@@ -165,6 +165,7 @@ def model_info(
         "architecture": "weighted-transformer" if table else "transformer",
         "parameters": count_parameters(translator.model),
         "quantize": translator.quantize,  # "int8": linear layers decode in int8
+        "int8_kernels": translator.int8_kernels,  # "fbgemm" or "onednn" (None: not packed here)
         "engine": translator.engine,  # "pytorch", "native" or "onnxruntime"
         "source_language": translator.config.data.src_lang,
         "target_language": translator.config.data.tgt_lang,
