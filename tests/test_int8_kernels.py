@@ -21,7 +21,13 @@ from wtnmt.config import load_config
 from wtnmt.decode.native import unavailable_reason
 from wtnmt.decode.search import search_batch
 from wtnmt.model import build_model, quantize_decoding
-from wtnmt.model.packed import PackedLinear, int8_available, int8_reduce_range, pack_int8
+from wtnmt.model.packed import (
+    PackedLinear,
+    int8_available,
+    int8_kernels,
+    int8_reduce_range,
+    pack_int8,
+)
 from wtnmt.special import EOS
 
 pytestmark = pytest.mark.skipif(
@@ -46,12 +52,14 @@ def test_an_int8_product_is_the_simulation_on_the_library_asked_for(kernels, mon
     g = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(300, 64, generator=g) * 0.1, torch.randn(300, generator=g)
     x = torch.randn(7, 5, 64, generator=g)
-    how, other = pytorch_int8(int8_reduce_range()), pytorch_int8(not int8_reduce_range())
+    seven = int8_reduce_range(int8_kernels())  # (oneDNN's below VNNI too, as the ladder runs it)
+    how, other = pytorch_int8(seven), pytorch_int8(not seven)
     linear = PackedLinear()
     linear.int8 = True
     matmuls: list[str] = []
     with torch.no_grad(), onednn_log(capfd, matmuls):
         out = linear(x, weight, bias)
+    assert linear.reduce_range == seven  # (the width its packed copy was made for)
     scale = F.linear(x, weight, bias).abs().max().item()
     assert (out - int8_linear(x, weight, bias, how)).abs().max().item() < 1e-5 * scale
     assert (out - int8_linear(x, weight, bias, other)).abs().max().item() > 1e-3 * scale
@@ -68,7 +76,7 @@ def fbgemm_product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     rounds it the other way than float64.)"""
     packed = pack_int8(weight.detach(), None if bias is None else bias.detach(), "fbgemm")
     flat = x.reshape(-1, x.size(-1))
-    out = torch.ops.quantized.linear_dynamic(flat, packed, int8_reduce_range())
+    out = torch.ops.quantized.linear_dynamic(flat, packed, int8_reduce_range(int8_kernels()))
     return out.view(*x.shape[:-1], out.size(-1))
 
 

@@ -95,6 +95,7 @@ class PackedLinear:
         self._key: object = None
         self._packed: object = None
         self.int8 = False  # decode through the int8 linear (quantize_decoding)
+        self.reduce_range = False  # 7-bit activations, as the int8 copy was packed for
 
     def __call__(
         self, x: Tensor, weight: Tensor, bias: Tensor | None = None, *, key: object = None
@@ -110,7 +111,7 @@ class PackedLinear:
         packed = self.prepared(weight, bias, rows=rows, key=key)
         flat = x.reshape(-1, x.size(-1))
         if self.int8:
-            out = torch.ops.quantized.linear_dynamic(flat, packed, int8_reduce_range())
+            out = torch.ops.quantized.linear_dynamic(flat, packed, self.reduce_range)
         else:
             out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
         return out.view(*x.shape[:-1], out.size(-1))
@@ -120,8 +121,9 @@ class PackedLinear:
     ) -> object:
         """The packed copy of ``weight`` this product multiplies by (packed now unless the
         one kept is of the same weights): oneDNN's float32 layout (``rows``, the activation's
-        rows, a hint for it), or the int8 weight with ``bias`` inside (pack_int8). The native
-        engine (decode/native) multiplies by the same copies."""
+        rows, a hint for it), or the int8 weight with ``bias`` inside (pack_int8, for the
+        library int8_kernels() names then; ``reduce_range`` follows it). The native engine
+        (decode/native) multiplies by the same copies."""
         if key is None:
             key = (weight.data_ptr(), weight._version, weight.shape, weight.stride())
             if bias is not None:  # int8 packs the bias with the weight
@@ -129,7 +131,10 @@ class PackedLinear:
         key = (self.int8, _generation, key)
         if self._packed is None or self._key != key:
             if self.int8:
-                self._packed = pack_int8(weight.detach(), None if bias is None else bias.detach())
+                kernels = int8_kernels()
+                bias = None if bias is None else bias.detach()
+                self._packed = pack_int8(weight.detach(), bias, kernels)
+                self.reduce_range = int8_reduce_range(kernels)
             else:  # (rows: a hint for the layout)
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
             self._key = key
@@ -141,7 +146,7 @@ class PackedLinear:
         return copy
 
     def __getstate__(self) -> dict:
-        return {"_key": None, "_packed": None, "int8": self.int8}
+        return {"_key": None, "_packed": None, "int8": self.int8, "reduce_range": False}
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -249,24 +254,19 @@ def pack_int8(weight: Tensor, bias: Tensor | None, kernels: str | None = None) -
 _ONEDNN_BELOW_VNNI = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE")
 
 
-def int8_reduce_range() -> bool:
+@functools.cache
+def int8_reduce_range(kernels: str = "fbgemm") -> bool:
     """Whether int8 decoding quantises activations to 7 bits rather than 8. Without VNNI, x86
     adds pairs of u8×s8 products in 16 bits, which 8-bit activations can overflow (FBGEMM
     saturates); AVX512-VNNI adds them in 32 bits, so there the full 8 bits are exact (only
     that VNNI: it is the one PyTorch checks for, and 7 bits are safe everywhere). On the
     demo's model (d_model 128) 7 bits cost 0.58 test BLEU against float32, 8 bits 0.05.
-    oneDNN's kernels (int8_kernels) also take 7 bits where ``ONEDNN_MAX_CPU_ISA`` holds them
-    below VNNI (as the tests emulate older CPUs)."""
-    return _reduce_range(os.environ.get("WTNMT_INT8_KERNELS", ""))  # (on every int8 product)
-
-
-@functools.cache
-def _reduce_range(kernels: str) -> bool:
+    ``kernels="onednn"`` (int8_kernels): oneDNN's also take 7 bits where ``ONEDNN_MAX_CPU_ISA``
+    holds them below VNNI (as the tests emulate older CPUs)."""
     if "avx512_vnni" not in cpu_description()["flags"]:
         return True
     limit = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
-    onednn = kernels.strip().lower() == "onednn"
-    return onednn and limit.strip().upper() in _ONEDNN_BELOW_VNNI
+    return kernels == "onednn" and limit.strip().upper() in _ONEDNN_BELOW_VNNI
 
 
 @functools.cache

@@ -18,7 +18,7 @@ from wtnmt.decode.native import NativeUnavailable, extension
 from wtnmt.decode.search import PENALTY_FORMS, Hypothesis, _limits, greedy_hypotheses
 from wtnmt.model.attention import MultiHeadAttention
 from wtnmt.model.branched import BranchedAttention
-from wtnmt.model.packed import PackedLinear, decoding_mode, int8_reduce_range, onednn_available
+from wtnmt.model.packed import PackedLinear, decoding_mode, onednn_available
 from wtnmt.model.speed import fast_paths
 from wtnmt.special import BOS, EOS
 
@@ -134,7 +134,7 @@ class NativeEngine:
         final_norm = [] if final is None else [final.weight.detach(), final.bias.detach()]
         embedding = model.embedding
         output = self._product(embedding._output, embedding.weight, None, rows)
-        ext.set_reduce_range(int8_reduce_range())
+        ext.set_reduce_range(embedding._output.reduce_range)  # (as all were packed)
         return ext.Engine(
             embedding.weight.detach(),
             float(embedding.scale),
