@@ -45,7 +45,6 @@ from wtnmt.config import load_config
 from wtnmt.decode.search import beam_search, greedy_search
 from wtnmt.decode.selection import top_extensions
 from wtnmt.model import build_model, quantize_decoding
-from wtnmt.model.packed import int8_reduce_range
 from wtnmt.special import BOS, EOS, PAD
 
 Int8Params = torch.classes.quantized.LinearPackedParamsBase  # type: ignore[attr-defined]
@@ -66,7 +65,6 @@ class Weights(NamedTuple):
     float32: list[Tensor]
     biases: list[Tensor | None]
     int8: list[Int8Params]
-    reduce_range: bool
     heads: int
 
 
@@ -74,7 +72,7 @@ def linear(w: Weights, x: Tensor, i: int) -> Tensor:
     """The i-th product as PackedLinear computes it: FBGEMM's int8 (bias packed in) where
     the weights are int8, else oneDNN's packed float32 product."""
     if len(w.int8) > 0:
-        return torch.ops.quantized.linear_dynamic(x, w.int8[i], w.reduce_range)
+        return torch.ops.quantized.linear_dynamic(x, w.int8[i], False)  # 8-bit activations
     scalars: list[float | int | complex | None] = []  # the schema's Scalar?[]
     return torch.ops.mkldnn._linear_pointwise(x, w.float32[i], w.biases[i], "none", scalars, "")
 
@@ -230,7 +228,6 @@ def weights(model) -> Weights:  # type: ignore[no-untyped-def]
         float32=float32,
         biases=biases,
         int8=int8,
-        reduce_range=int8_reduce_range(),
         heads=model.decoder_layers[0].self_attn.attn.heads,
     )
 

@@ -4,8 +4,9 @@ The int8 engines quantise each product x·Wᵀ dynamically: weights symmetric pe
 (scale max|w|/q), activations per call, per tensor, unsigned with a zero point (the range of
 the call's values and 0 mapped onto 0…qmax), an exact integer product, then dequantised. Run
 in float64 from the same float32 inputs, that product is what the kernel must give up to its
-float32 rounding, on any CPU: a kernel that saturates, a wrong scale or zero point, or a weight
-quantised another way is off by whole quantisation steps.
+float32 rounding, on any CPU (and up to one step of an activation that float32 puts within
+rounding of half a step: ``int8_slack``): a kernel that saturates, a wrong scale or zero
+point, or a weight quantised another way is off by whole quantisation steps.
 
 ``simulated_int8(model, …)`` makes every int8 product of a model this simulation (the same
 places, the same per-call grouping of rows), so whole decodings can be compared too: on a
@@ -42,11 +43,15 @@ def quantize_activations(x: Tensor, *, qmax: int) -> tuple[Tensor, float, int]:
 
 
 def quantize_weight(weight: Tensor, *, qmax: int) -> tuple[Tensor, Tensor]:
-    """weight [out, in] (float64) → (q, scale [out]): symmetric per output channel, max|w|
-    onto ±qmax."""
-    scale = weight.abs().amax(dim=1).clamp_min(1e-12) / qmax
-    scale = scale.float().double()
-    return _round(weight / scale[:, None]).clamp(-qmax, qmax), scale
+    """weight [out, in] → (q, scale [out]) in float64: symmetric per output channel, max|w|
+    onto ±qmax. Rounded as ``torch.quantize_per_channel`` rounds (ATen's quantize_val: the
+    float32 weight times the float32 reciprocal of its float32 scale, in float32): a weight
+    that float64 puts just past half a step, float32 may put just short of it (seen: 1 step
+    of one weight, 70 in an int32 sum), and the packed weights are what the kernels multiply."""
+    scale = (weight.float().abs().amax(dim=1).clamp_min(1e-12) / qmax).float()
+    inverse = 1.0 / scale  # float32
+    q = _round(weight.float() * inverse[:, None]).clamp(-qmax, qmax)
+    return q.double(), scale.double()
 
 
 @dataclass(frozen=True)
@@ -58,15 +63,11 @@ class Int8:
     weight_qmax: int
 
 
-def pytorch_int8(reduce_range: bool) -> Int8:
-    """FBGEMM's, as the PyTorch engine calls it: 7-bit activations where ``reduce_range``."""
-    return Int8(activation_qmax=127 if reduce_range else 255, weight_qmax=127)
-
-
-def onnxruntime_int8(reduce_range: bool) -> Int8:
-    """ONNX Runtime's ``quantize_dynamic`` (symmetric int8 weights per channel): 7-bit weights,
-    ±64, where ``reduce_range``; activations 8-bit (DynamicQuantizeLinear)."""
-    return Int8(activation_qmax=255, weight_qmax=64 if reduce_range else 127)
+def dynamic_int8(narrow_weights: bool) -> Int8:
+    """How every int8 engine quantises (PyTorch's on FBGEMM or oneDNN, model/packed.py; ONNX
+    Runtime's ``quantize_dynamic``): 8-bit activations, weights ±127, or ±64 (7 bits) where
+    ``narrow_weights`` (kernels without VNNI, whose 16-bit pair sums 8 bits would overflow)."""
+    return Int8(activation_qmax=255, weight_qmax=64 if narrow_weights else 127)
 
 
 def int8_linear(x: Tensor, weight: Tensor, bias: Tensor | None, how: Int8) -> Tensor:
@@ -79,6 +80,26 @@ def int8_linear(x: Tensor, weight: Tensor, bias: Tensor | None, how: Int8) -> Te
     if bias is not None:
         out = out + bias.double()
     return out.to(x.dtype).view(*x.shape[:-1], weight.size(0))
+
+
+# The kernels quantise in float32 (x·(1/scale); FBGEMM's AVX2 quantiser adds the zero point
+# before it rounds), so an activation within float32 rounding of half a step may go to either
+# side of it: seen at 1.50000008 steps (zero point 73), which FBGEMM's AVX2 kernels round to 1
+# and float64 to 2. TIE: 4 units in the last place of float32 at 255.
+TIE = 2.0**-14
+
+
+def int8_slack(x: Tensor, weight: Tensor, how: Int8) -> Tensor:
+    """[..., out]: how far a kernel's int8 product may lie from ``int8_linear`` for float32's
+    rounding of ties alone: one step of each activation within TIE of half a step, by its
+    quantised weight. Zero unless an activation is that close to a tie."""
+    flat = x.reshape(-1, x.size(-1)).double()
+    _, sx, _ = quantize_activations(flat, qmax=how.activation_qmax)
+    steps = flat / sx
+    ties = ((steps - steps.floor() - 0.5).abs() < TIE).double()
+    qw, sw = quantize_weight(weight.double(), qmax=how.weight_qmax)
+    slack = (ties @ qw.abs().t()) * (sx * sw)
+    return slack.view(*x.shape[:-1], weight.size(0))
 
 
 @contextlib.contextmanager
@@ -99,25 +120,31 @@ def simulated_int8(how: Int8) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def checked_int8(how: Int8 | Callable[..., Tensor], errors: list[float]) -> Iterator[None]:
+def checked_int8(
+    how: Int8 | Callable[..., Tensor], errors: list[float], *, ties: Int8 | None = None
+) -> Iterator[None]:
     """Every PackedLinear switched to int8 runs its kernel as it would, and each call's output
-    is compared with ``int8_linear`` of that call's own input (or ``how(x, weight, bias)``):
-    the largest difference, relative to the expected largest value, is appended to
-    ``errors``. Compared call by call, a
-    decoding is checked product by product without chaining: a value that float32 rounding
-    puts on the other side of a quantisation step in one engine and not in the other (which
-    then moves every later activation) is never compared against a diverged path."""
+    is compared with ``int8_linear`` of that call's own input, beyond ``int8_slack`` (or with
+    ``how(x, weight, bias)``, beyond ``int8_slack`` of ``ties`` where given: another library's
+    product may round a tie the other way too): the largest difference, relative to the
+    expected largest value, is appended to ``errors``. Compared call by call, a decoding is
+    checked product by product without chaining: a value that float32 rounding puts on the
+    other side of a quantisation step in one engine and not in the other (which then moves
+    every later activation) is never compared against a diverged path."""
     original = PackedLinear.__call__
 
     def call(self, x, weight, bias=None, *, key=None):  # type: ignore[no-untyped-def]
         out = original(self, x, weight, bias, key=key)
         if self.int8 and not torch.is_grad_enabled():
             if isinstance(how, Int8):
-                expected = int8_linear(x, weight, bias, how)
+                expected, slack = int8_linear(x, weight, bias, how), int8_slack(x, weight, how)
             else:
                 expected = how(x, weight, bias)
+                slack = torch.zeros(()) if ties is None else int8_slack(x, weight, ties)
+            slack = slack.to(out.dtype)
             scale = max(expected.abs().max().item(), 1e-12)
-            errors.append((out - expected).abs().max().item() / scale)
+            beyond = ((out - expected).abs() - slack).clamp_min(0)
+            errors.append(beyond.max().item() / scale)
         return out
 
     PackedLinear.__call__ = call  # type: ignore[method-assign]
@@ -136,10 +163,10 @@ def margins(log_probs: Tensor) -> Tensor:
 __all__ = [
     "Int8",
     "checked_int8",
+    "dynamic_int8",
     "int8_linear",
+    "int8_slack",
     "margins",
-    "onnxruntime_int8",
-    "pytorch_int8",
     "quantize_activations",
     "quantize_weight",
     "simulated_int8",

@@ -1,12 +1,14 @@
 """`make test-isa`: the numerics-sensitive tests again under each instruction set this CPU can
 emulate downward, so that one machine checks the kernels older or other CPUs run.
 
-PyTorch picks its vectorised kernels by ``ATEN_CPU_CAPABILITY`` (default, avx2, avx512) and
-oneDNN (matmuls, bf16, AMX) by ``ONEDNN_MAX_CPU_ISA``; both can only go down from what the CPU
-has. Each level below is run where the CPU has its instructions, the highest of them being
-the one `make test` already ran (said, not rerun). FBGEMM (PyTorch's int8) and ONNX Runtime
-choose their kernels from the CPU alone: their int8 tests are checked against a simulation of
-the quantisation that holds on every CPU (tests/int8_oracle.py), not by this ladder.
+PyTorch picks its vectorised kernels by ``ATEN_CPU_CAPABILITY`` (default, avx2, avx512),
+oneDNN (matmuls, bf16, AMX) by ``ONEDNN_MAX_CPU_ISA`` and FBGEMM (PyTorch's int8) by
+``FBGEMM_ENABLE_INSTRUCTIONS`` (AVX2, AVX512, AVX512_E1: VNNI; it has nothing older than
+AVX2); each can only go down from what the CPU has. Each level below is run where the CPU has
+its instructions, the highest of them being the one `make test` already ran (said, not rerun).
+ONNX Runtime chooses its kernels from the CPU alone: its int8 tests are checked against a
+simulation of the quantisation that holds on every CPU (tests/int8_oracle.py), not by this
+ladder.
 
     python tests/isa_ladder.py [--only LEVEL] -- PYTEST_ARGS...
 
@@ -29,20 +31,28 @@ class Level:
     name: str
     aten: str  # ATEN_CPU_CAPABILITY
     onednn: str  # ONEDNN_MAX_CPU_ISA
+    fbgemm: str  # FBGEMM_ENABLE_INSTRUCTIONS
     needs: frozenset[str]  # /proc/cpuinfo flags
 
 
 AVX512 = frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"})
 LEVELS = (
-    Level("sse4.1", "default", "SSE41", frozenset({"sse4_1"})),
-    Level("avx2", "avx2", "AVX2", frozenset({"avx2"})),
-    Level("avx512", "avx512", "AVX512_CORE", AVX512),
-    Level("avx512-vnni", "avx512", "AVX512_CORE_VNNI", AVX512 | {"avx512_vnni"}),
-    Level("avx512-bf16", "avx512", "AVX512_CORE_BF16", AVX512 | {"avx512_vnni", "avx512_bf16"}),
+    Level("sse4.1", "default", "SSE41", "AVX2", frozenset({"sse4_1"})),
+    Level("avx2", "avx2", "AVX2", "AVX2", frozenset({"avx2"})),
+    Level("avx512", "avx512", "AVX512_CORE", "AVX512", AVX512),
+    Level("avx512-vnni", "avx512", "AVX512_CORE_VNNI", "AVX512_E1", AVX512 | {"avx512_vnni"}),
+    Level(
+        "avx512-bf16",
+        "avx512",
+        "AVX512_CORE_BF16",
+        "AVX512_E1",
+        AVX512 | {"avx512_vnni", "avx512_bf16"},
+    ),
     Level(
         "amx",
         "avx512",
         "AVX512_CORE_AMX",
+        "AVX512_E1",
         AVX512 | {"avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"},
     ),
 )
@@ -100,7 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.only is not None and not levels and (native is None or args.only != native.name):
         rows.append((args.only, "not run: this CPU lacks its instructions", True))
     for level in levels:
-        env = dict(os.environ, ATEN_CPU_CAPABILITY=level.aten, ONEDNN_MAX_CPU_ISA=level.onednn)
+        env = dict(
+            os.environ,
+            ATEN_CPU_CAPABILITY=level.aten,
+            ONEDNN_MAX_CPU_ISA=level.onednn,
+            FBGEMM_ENABLE_INSTRUCTIONS=level.fbgemm,
+        )
         probe = subprocess.run(
             [sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
             env=env,
@@ -110,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         capability = probe.stdout.strip() or "?"
         print(
             f"test-isa: {level.name} (ATEN_CPU_CAPABILITY={level.aten} → ATen {capability}, "
-            f"ONEDNN_MAX_CPU_ISA={level.onednn})",
+            f"ONEDNN_MAX_CPU_ISA={level.onednn}, FBGEMM_ENABLE_INSTRUCTIONS={level.fbgemm})",
             flush=True,
         )
         start = time.monotonic()

@@ -76,3 +76,18 @@ def test_analyze_says_when_seconds_compare_machines(resumed_run):
     unrecorded = [named(run, "a-s1", ()), named(run, "b-s1", ())]
     assert machines_note(unrecorded) == ""
     assert "machine" not in runs_table(unrecorded).note
+
+
+def test_the_machine_names_the_libraries_held_below_the_cpu(monkeypatch):
+    """A figure measured with oneDNN's or FBGEMM's kernels held below the CPU's own (as the
+    instruction-set ladder and an emulated older CPU do) says so beside it."""
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("CT2_FORCE_CPU_ISA", raising=False)
+    plain = machine_description("cpu")
+    assert "ONEDNN" not in plain and "FBGEMM" not in plain
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("FBGEMM_ENABLE_INSTRUCTIONS", "AVX2")
+    held = machine_description("cpu")
+    assert "; ONEDNN_MAX_CPU_ISA=AVX2; FBGEMM_ENABLE_INSTRUCTIONS=AVX2)" in held
+    assert held.replace("; ONEDNN_MAX_CPU_ISA=AVX2; FBGEMM_ENABLE_INSTRUCTIONS=AVX2", "") == plain

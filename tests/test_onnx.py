@@ -20,7 +20,7 @@ pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
 pytest.importorskip("onnxscript", reason="the onnx extra is not installed")
 
 from helpers import sentence, tiny_run_config
-from int8_oracle import onnxruntime_int8, simulated_int8
+from int8_oracle import dynamic_int8, simulated_int8
 from stepping import walk
 from wtnmt import Translator
 from wtnmt.cli import main as cli
@@ -136,7 +136,7 @@ def test_int8_steps_compute_the_quantisation_they_claim(learned):
     Translator.load(learned, engine="onnxruntime", quantize="int8")  # exported on first use
     net = OnnxNetwork.open(learned / "onnx", learned, quantize="int8")
     quantize_decoding(translator.model, "int8")
-    with simulated_int8(onnxruntime_int8(reduce_range=not cpu_has_vnni())):
+    with simulated_int8(dynamic_int8(narrow_weights=not cpu_has_vnni())):
         worst = _steps_agree(translator, net, tolerance=1e-4)
     exact = Translator.load(learned)  # float32: far from the simulation, so the test has teeth
     with pytest.raises(AssertionError):

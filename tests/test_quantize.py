@@ -7,6 +7,9 @@ on weights that differ from CPU to CPU."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,7 +18,15 @@ import torch
 import torch.nn.functional as F
 
 from helpers import overfit_run_config, sentence, write_pairs
-from int8_oracle import checked_int8, int8_linear, margins, pytorch_int8, simulated_int8
+from int8_oracle import (
+    checked_int8,
+    dynamic_int8,
+    int8_linear,
+    int8_slack,
+    margins,
+    quantize_activations,
+    simulated_int8,
+)
 from stepping import walk
 from wtnmt import Translator
 from wtnmt.cli import main as cli
@@ -23,7 +34,8 @@ from wtnmt.decode.search import _Stepper
 from wtnmt.model.packed import (
     PackedLinear,
     int8_available,
-    int8_reduce_range,
+    int8_narrow_weights,
+    pack_int8,
     quantize_decoding,
 )
 from wtnmt.runtime import cpu_description
@@ -36,7 +48,7 @@ pytestmark = pytest.mark.skipif(not int8_available(), reason="this PyTorch build
 def test_an_int8_linear_is_the_simulation_of_its_quantisation_and_follows_weight_changes():
     g = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(300, 64, generator=g) * 0.1, torch.randn(300, generator=g)
-    how, other = pytorch_int8(int8_reduce_range()), pytorch_int8(not int8_reduce_range())
+    how, other = dynamic_int8(int8_narrow_weights()), dynamic_int8(not int8_narrow_weights())
     linear = PackedLinear()
     linear.int8 = True
     for x in (torch.randn(7, 5, 64, generator=g), torch.rand(3, 64, generator=g) * 4):
@@ -47,7 +59,7 @@ def test_an_int8_linear_is_the_simulation_of_its_quantisation_and_follows_weight
             scale = exact.abs().max().item()
             # the kernel is the simulation up to float32 rounding (1e-7 measured) ...
             assert (out - int8_linear(x, weight, bias, how)).abs().max().item() < 1e-5 * scale
-            # ... the other activation width, or float32, are whole quantisation steps away
+            # ... the other weight width, or float32, are whole quantisation steps away
             assert (out - int8_linear(x, weight, bias, other)).abs().max().item() > 1e-3 * scale
             assert 1e-3 < ((out - exact).norm() / exact.norm()).item() < 0.05
     with torch.no_grad():
@@ -59,25 +71,71 @@ def test_an_int8_linear_is_the_simulation_of_its_quantisation_and_follows_weight
         assert (linear(x, weight, bias) - exact).abs().max().item() < 1e-5 * scale * 2
 
 
-def test_int8_activations_take_8_bits_where_the_cpu_has_avx512_vnni_and_7_elsewhere():
-    # Activations on the grid of 8-bit steps (k/255 of their range) through an identity (int8
-    # exactly: 127·I at scale 1/127): with 8 bits they come back as they went in, with 7 they
-    # are rounded to steps of 1/127.
-    x = torch.arange(256, dtype=torch.float32).div(255).reshape(4, 64)
+def test_the_oracle_forgives_one_step_of_an_activation_on_a_tie_and_nothing_else():
+    how = dynamic_int8(False)
+    x = torch.tensor([[0.0, 1.0, 0.2, 0.25]])  # the range [0, 1]: steps of 1/255
+    step = quantize_activations(x.double(), qmax=255)[1]
+    x[0, 2] = 1.5 * step  # half a step (in float32: within its rounding of it)
+    slack = int8_slack(x, torch.eye(4), how)  # identity weights: 127 at a scale of 1/127
+    assert slack[0, 2].item() == pytest.approx(step, rel=1e-6)
+    assert slack[0, [0, 1, 3]].tolist() == [0.0, 0.0, 0.0]
+
+
+def _fbgemm_adds_pairs_in_16_bits() -> bool:
+    """Whether FBGEMM's kernels in this process add pairs of u8×s8 products in 16 bits (x86
+    without AVX512-VNNI, or FBGEMM held below it by FBGEMM_ENABLE_INSTRUCTIONS): then the
+    widest pair of 8-bit activations by 8-bit weights, 2·255·127, saturates. Asked of the
+    kernel itself."""
+    packed = pack_int8(torch.ones(4, 64), None, "fbgemm", qmax=127)
+    out = torch.ops.quantized.linear_dynamic(torch.ones(3, 64), packed, False)
+    return not torch.allclose(out, torch.full((3, 4), 64.0))
+
+
+def test_int8_weights_take_8_bits_where_the_kernels_add_in_32_bits_and_7_elsewhere():
     linear = PackedLinear()
     linear.int8 = True
+    # Activations on the grid of 8-bit steps (k/255 of their range) through an identity (int8
+    # exactly, at either width) come back as they went in: 8 bits everywhere.
+    x = torch.arange(256, dtype=torch.float32).div(255).reshape(4, 64)
     with torch.no_grad():
-        error = (linear(x, torch.eye(64)) - x).abs().max().item()
-    if "avx512_vnni" in cpu_description()["flags"]:
-        assert not int8_reduce_range()
-        assert error < 1e-5
+        assert (linear(x, torch.eye(64)) - x).abs().max().item() < 1e-5
+    # Weights on the grid of 8-bit steps (k/127 of each row's largest, 1) through one-hot
+    # activations: with 8 bits they come back as they went in, with 7 rounded to steps of 1/64.
+    weight = (torch.arange(256) % 255 - 127).float().div(127).reshape(4, 64)
+    weight[:, 0] = 1.0
+    with torch.no_grad():
+        error = (linear(torch.eye(64), weight).t() - weight).abs().max().item()
+    if _fbgemm_adds_pairs_in_16_bits():
+        assert int8_narrow_weights() and linear.weight_qmax == 64
+        assert 0.4 / 64 < error <= 0.5 / 64 + 1e-5
     else:
-        assert int8_reduce_range()
-        assert error <= 0.5 / 127 + 1e-5
-    # The widest pair of products 8 bits allow, 2·255·127, does not saturate where they are used.
+        assert not int8_narrow_weights() and linear.weight_qmax == 127
+        assert error < 1e-5
+    if "avx512_vnni" not in cpu_description()["flags"]:
+        assert _fbgemm_adds_pairs_in_16_bits()
+    # The widest pair of products 8-bit activations allow does not saturate where they are used.
     ones = torch.ones(3, 64)
     with torch.no_grad():
         assert torch.allclose(linear(ones, torch.ones(4, 64)), torch.full((3, 4), 64.0))
+
+
+def test_int8_weights_take_7_bits_where_fbgemm_is_held_below_vnni():
+    """FBGEMM_ENABLE_INSTRUCTIONS=AVX2 (or AVX512) makes FBGEMM run its kernels without VNNI
+    on any CPU, as the instruction-set ladder does: int8 weights must then take 7 bits, or
+    products saturate (here 32.4 where 64 is right). A fresh process: FBGEMM reads it once."""
+    probe = (
+        "import torch\n"
+        "from wtnmt.model.packed import PackedLinear, int8_narrow_weights\n"
+        "linear = PackedLinear(); linear.int8 = True\n"
+        "with torch.no_grad(): out = linear(torch.ones(3, 64), torch.ones(4, 64))\n"
+        "print(int8_narrow_weights(), round(out.max().item(), 2), round(out.min().item(), 2))\n"
+    )
+    for isa in ("AVX2", "AVX512"):
+        env = dict(os.environ, FBGEMM_ENABLE_INSTRUCTIONS=isa, WTNMT_INT8_KERNELS="fbgemm")
+        done = subprocess.run(
+            [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+        )
+        assert done.stdout.split() == ["True", "64.0", "64.0"], (isa, done.stdout, done.stderr)
 
 
 @pytest.fixture(scope="module")
@@ -101,13 +159,13 @@ def _int8_layers(translator: Translator) -> list[bool]:
 
 
 def _simulation() -> Callable:
-    return lambda: simulated_int8(pytorch_int8(int8_reduce_range()))
+    return lambda: simulated_int8(dynamic_int8(int8_narrow_weights()))
 
 
 def test_int8_is_off_by_default_and_every_product_of_its_steps_is_the_simulation(trained):
     """Each int8 product of 20 decoding steps through beam search's reorders (the trained
     model's own layers) is the float64 simulation of its own input, up to float32 rounding;
-    the other activation width is whole quantisation steps away. Compared call by call: a
+    the other weight width is whole quantisation steps away. Compared call by call: a
     whole step compared with a whole simulated step diverges wherever float32 rounding puts an
     activation on the other side of a quantisation step (seen under SSE4.1 kernels: 6.9e-2 at
     step 19), which says nothing about the quantisation."""
@@ -125,11 +183,11 @@ def test_int8_is_off_by_default_and_every_product_of_its_steps_is_the_simulation
             return _Stepper(model, src, True, steps=40, group=2)
 
     errors: list[float] = []
-    with checked_int8(pytorch_int8(int8_reduce_range()), errors):
+    with checked_int8(dynamic_int8(int8_narrow_weights()), errors):
         walk(kernel(), kernel(), size, tolerance=1e-4)  # every product of every step
     assert len(errors) > 20 * 3 and max(errors) < 1e-5, max(errors)
-    wrong: list[float] = []  # the other activation width: the comparison has teeth
-    with checked_int8(pytorch_int8(not int8_reduce_range()), wrong):
+    wrong: list[float] = []  # the other weight width: the comparison has teeth
+    with checked_int8(dynamic_int8(not int8_narrow_weights()), wrong):
         walk(kernel(), kernel(), size, tolerance=1e-4)
     assert max(wrong) > 1e-3
     with pytest.raises(AssertionError):  # and float32 is far from int8, step for step

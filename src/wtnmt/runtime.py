@@ -148,15 +148,27 @@ def cpu_has_vnni() -> bool:
 MACHINES = "machines.jsonl"
 
 
+# what holds a library's kernels below the CPU's own instruction sets (ATen's capability is
+# shown as it is): oneDNN's, FBGEMM's, and CTranslate2's in the benchmarks that time it
+KERNEL_LIMITS = (
+    "ONEDNN_MAX_CPU_ISA",
+    "DNNL_MAX_CPU_ISA",
+    "FBGEMM_ENABLE_INSTRUCTIONS",
+    "CT2_FORCE_CPU_ISA",
+)
+
+
 def machine_description(device: str | Any = "cpu") -> str:
     """The machine, in a phrase: the CPU's model and the flags that decide its kernels, ATen's
-    capability and the cores; on a GPU (``device``), the GPU's name first."""
+    capability, the libraries' kernels held below the CPU's (KERNEL_LIMITS) and the cores; on
+    a GPU (``device``), the GPU's name first."""
     import torch
 
     cpu = cpu_description()
+    limits = "".join(f"; {k}={os.environ[k]}" for k in KERNEL_LIMITS if os.environ.get(k))
     text = (
         f"{cpu['model']} ({' '.join(cpu['flags']) or 'no AVX2'}; ATen "
-        f"{cpu['aten_capability']}), {cpu['cores']} cores"
+        f"{cpu['aten_capability']}{limits}), {cpu['cores']} cores"
     )
     if torch.device(device).type == "cuda":
         text = f"{torch.cuda.get_device_name(device)}, host {text}"

@@ -20,14 +20,14 @@ output projection [4,000, 256] × [256, 8,000] 256 against 309 ms.
 
 int8 decoding (``quantize_decoding(model, "int8")``, `wtnmt translate --quantize int8`): the
 same places multiply through FBGEMM's dynamically quantised linear instead: weights int8 per
-output channel (symmetric, scale max|w|/127, packed once), activations quantised per call
-(per tensor, unsigned: 8 bits where the CPU has AVX512-VNNI, 7 elsewhere: ``int8_reduce_range``),
-int32 accumulation. Off unless asked for; float32 everywhere else (attention, layer norms,
-the Weighted Transformer's per-branch products). ``WTNMT_INT8_KERNELS=onednn`` in the
-environment packs them for oneDNN's int8 kernels instead (the same quantisation, the same
-results up to the order of int32 sums), which use AMX where the CPU has it and FBGEMM does
-not; on an AMD CPU with AVX-512 VNNI the native engine's int8 search ran 0.77× (greedy) and
-0.88× (beam 5) as fast on them (docs/BENCHMARKS.md).
+output channel (symmetric, scale max|w|/127, packed once; 7 bits, ±64, where the library's
+kernels lack VNNI: ``int8_narrow_weights``), activations quantised per call (per tensor,
+unsigned, 8 bits), int32 accumulation. Off unless asked for; float32 everywhere else
+(attention, layer norms, the Weighted Transformer's per-branch products).
+``WTNMT_INT8_KERNELS=onednn`` in the environment packs them for oneDNN's int8 kernels instead
+(the same quantisation, the same results up to the order of int32 sums), which use AMX where
+the CPU has it and FBGEMM does not; on an AMD CPU with AVX-512 VNNI the native engine's int8
+search ran 0.77× (greedy) and 0.88× (beam 5) as fast on them (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class PackedLinear:
         self._key: object = None
         self._packed: object = None
         self.int8 = False  # decode through the int8 linear (quantize_decoding)
-        self.reduce_range = False  # 7-bit activations, as the int8 copy was packed for
+        self.weight_qmax = 127  # the int8 copy's weights: ±127, or ±64 (int8_narrow_weights)
 
     def __call__(
         self, x: Tensor, weight: Tensor, bias: Tensor | None = None, *, key: object = None
@@ -111,7 +111,7 @@ class PackedLinear:
         packed = self.prepared(weight, bias, rows=rows, key=key)
         flat = x.reshape(-1, x.size(-1))
         if self.int8:
-            out = torch.ops.quantized.linear_dynamic(flat, packed, self.reduce_range)
+            out = torch.ops.quantized.linear_dynamic(flat, packed, False)  # 8-bit activations
         else:
             out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
         return out.view(*x.shape[:-1], out.size(-1))
@@ -122,7 +122,7 @@ class PackedLinear:
         """The packed copy of ``weight`` this product multiplies by (packed now unless the
         one kept is of the same weights): oneDNN's float32 layout (``rows``, the activation's
         rows, a hint for it), or the int8 weight with ``bias`` inside (pack_int8, for the
-        library int8_kernels() names then; ``reduce_range`` follows it). The native engine
+        library int8_kernels() names then, ``weight_qmax`` as it needs). The native engine
         (decode/native) multiplies by the same copies."""
         if key is None:
             key = (weight.data_ptr(), weight._version, weight.shape, weight.stride())
@@ -133,8 +133,8 @@ class PackedLinear:
             if self.int8:
                 kernels = int8_kernels()
                 bias = None if bias is None else bias.detach()
-                self._packed = pack_int8(weight.detach(), bias, kernels)
-                self.reduce_range = int8_reduce_range(kernels)
+                self.weight_qmax = 64 if int8_narrow_weights(kernels) else 127
+                self._packed = pack_int8(weight.detach(), bias, kernels, self.weight_qmax)
             else:  # (rows: a hint for the layout)
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
             self._key = key
@@ -146,7 +146,7 @@ class PackedLinear:
         return copy
 
     def __getstate__(self) -> dict:
-        return {"_key": None, "_packed": None, "int8": self.int8, "reduce_range": False}
+        return {"_key": None, "_packed": None, "int8": self.int8, "weight_qmax": 127}
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -237,36 +237,50 @@ def _quantized_engine(name: str) -> Iterator[None]:
             torch.backends.quantized.engine = before
 
 
-def pack_int8(weight: Tensor, bias: Tensor | None, kernels: str | None = None) -> object:
-    """weight [out, in] → the packed int8 weight (symmetric, one scale per output row) with
-    its float32 bias, for ``kernels`` (FBGEMM or oneDNN; by default int8_kernels()). Either
-    multiplies through ``quantized::linear_dynamic``, which follows the packed weight."""
-    scale = weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+def pack_int8(
+    weight: Tensor, bias: Tensor | None, kernels: str | None = None, qmax: int | None = None
+) -> object:
+    """weight [out, in] → the packed int8 weight (symmetric, one scale per output row: max|w|
+    onto ±``qmax``, by default as int8_narrow_weights says) with its float32 bias, for
+    ``kernels`` (FBGEMM or oneDNN; by default int8_kernels()). Either multiplies through
+    ``quantized::linear_dynamic``, which follows the packed weight."""
+    kernels = kernels or int8_kernels()
+    if qmax is None:
+        qmax = 64 if int8_narrow_weights(kernels) else 127
+    scale = weight.abs().amax(dim=1).clamp_min(1e-12) / float(qmax)
     zero = torch.zeros(weight.size(0), dtype=torch.long)
     with warnings.catch_warnings():  # quantised tensors are how FBGEMM takes int8 weights
         warnings.simplefilter("ignore", UserWarning)
         qweight = torch.quantize_per_channel(weight.float(), scale.double(), zero, 0, torch.qint8)
-        with _quantized_engine(kernels or int8_kernels()):
+        with _quantized_engine(kernels):
             return torch.ops.quantized.linear_prepack(qweight, bias)
 
 
 # oneDNN's instruction sets (ONEDNN_MAX_CPU_ISA) whose u8×s8 products add pairs in 16 bits
 _ONEDNN_BELOW_VNNI = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE")
+# FBGEMM's (FBGEMM_ENABLE_INSTRUCTIONS, read once a process; a name it does not know is
+# ignored, as is one the CPU cannot run), the same way
+_FBGEMM_BELOW_VNNI = ("AVX2", "AVX512", "AVX512_256")
 
 
 @functools.cache
-def int8_reduce_range(kernels: str = "fbgemm") -> bool:
-    """Whether int8 decoding quantises activations to 7 bits rather than 8. Without VNNI, x86
-    adds pairs of u8×s8 products in 16 bits, which 8-bit activations can overflow (FBGEMM
-    saturates); AVX512-VNNI adds them in 32 bits, so there the full 8 bits are exact (only
-    that VNNI: it is the one PyTorch checks for, and 7 bits are safe everywhere). On the
-    demo's model (d_model 128) 7 bits cost 0.58 test BLEU against float32, 8 bits 0.05.
-    ``kernels="onednn"`` (int8_kernels): oneDNN's also take 7 bits where ``ONEDNN_MAX_CPU_ISA``
-    holds them below VNNI (as the tests emulate older CPUs)."""
+def int8_narrow_weights(kernels: str = "fbgemm") -> bool:
+    """Whether int8 weights take 7 bits (±64) rather than 8. Without VNNI, x86 adds pairs of
+    u8×s8 products in 16 bits, which 8-bit activations by 8-bit weights can overflow
+    (2·255·127 > 32,767: FBGEMM saturates); ±64 keeps every pair inside (2·255·64 = 32,640),
+    as ONNX Runtime's ``reduce_range`` does, and activations keep their 8 bits. AVX512-VNNI
+    adds them in 32 bits, so there both take 8 (only that VNNI: it is the one PyTorch checks
+    for). On a converged Multi30k Transformer held to AVX2 kernels, 7-bit weights gave 40.26
+    BLEU (857 of 1,000 lines as float32's), 7-bit activations 40.09 (796), float32 40.24.
+    Follows what the library may run: FBGEMM held below VNNI by ``FBGEMM_ENABLE_INSTRUCTIONS``,
+    oneDNN's (``kernels="onednn"``, int8_kernels) by ``ONEDNN_MAX_CPU_ISA`` (as the tests
+    emulate older CPUs: tests/isa_ladder.py)."""
     if "avx512_vnni" not in cpu_description()["flags"]:
         return True
-    limit = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
-    return kernels == "onednn" and limit.strip().upper() in _ONEDNN_BELOW_VNNI
+    if kernels == "onednn":
+        limit = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
+        return limit.strip().upper() in _ONEDNN_BELOW_VNNI
+    return os.environ.get("FBGEMM_ENABLE_INSTRUCTIONS", "").upper() in _FBGEMM_BELOW_VNNI
 
 
 @functools.cache
@@ -318,7 +332,7 @@ __all__ = [
     "decoding_mode",
     "int8_available",
     "int8_kernels",
-    "int8_reduce_range",
+    "int8_narrow_weights",
     "linear",
     "onednn_available",
     "quantize_decoding",

@@ -338,7 +338,6 @@ Product product(int kind, Tensor weight, std::optional<Tensor> bias, const py::o
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "wtnmt's native greedy and beam search (decode/native)";
-  m.def("set_reduce_range", [](bool on) { g_reduce_range = on; });
   m.def("kernels", [] { return kernel_width(); }, "floats a vector in the kernels that run");
   m.def("cpu_kernels", &cpu_kernel_width, "the most floats a vector this CPU's kernels take");
   m.def("set_kernels", [](int width) {

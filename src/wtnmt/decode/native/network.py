@@ -134,7 +134,6 @@ class NativeEngine:
         final_norm = [] if final is None else [final.weight.detach(), final.bias.detach()]
         embedding = model.embedding
         output = self._product(embedding._output, embedding.weight, None, rows)
-        ext.set_reduce_range(embedding._output.reduce_range)  # (as all were packed)
         return ext.Engine(
             embedding.weight.detach(),
             float(embedding.scale),

@@ -32,16 +32,15 @@ inline Tensor onednn_linear(const Tensor& x, const Tensor& w, const std::optiona
   return op.call(x, w, b, "none", c10::List<std::optional<at::Scalar>>(), std::string(""));
 }
 
-// FBGEMM's dynamically quantised product, through the dispatcher as the PyTorch engine calls it
-// (so that the profiler sees it too)
-inline Tensor int8_linear(const Tensor& x, const Int8& w, bool reduce_range) {
+// The dynamically quantised product (FBGEMM's or oneDNN's, as the weight was packed), through
+// the dispatcher as the PyTorch engine calls it (so that the profiler sees it too): 8-bit
+// activations, the weights' width chosen when they were packed (model/packed.py)
+inline Tensor int8_linear(const Tensor& x, const Int8& w) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("quantized::linear_dynamic", "")
                        .typed<Tensor(Tensor, const Int8&, bool)>();
-  return op.call(x, w, reduce_range);
+  return op.call(x, w, false);
 }
-
-inline bool g_reduce_range = true;  // FBGEMM: 7-bit activations (model/packed.py)
 
 // a Python float in an operator call (a wrapped number: computed in the tensor's dtype)
 inline Tensor scalar(double value) {
@@ -55,7 +54,7 @@ inline Tensor apply(const Product& p, const Tensor& x) {
     case 0:
       return onednn_linear(x, p.weight, p.bias);
     case 1:
-      return int8_linear(x, p.int8, g_reduce_range);
+      return int8_linear(x, p.int8);
     default:
       return x.matmul(p.weight);
   }
