@@ -274,3 +274,9 @@ def test_evaluate_quantize_int8_says_so_and_keeps_the_float32_files(trained, tmp
         for name in ("src", "src.int8", "src.int8.onednn")
     }
     assert kernels == {"src": None, "src.int8": "fbgemm", "src.int8.onednn": "onednn"}
+    bits = {
+        name: json.loads((run / "eval" / f"{name}.scores.json").read_text())["int8_weight_bits"]
+        for name in kernels
+    }
+    seven = {k: 7 if int8_narrow_weights(k) else 8 for k in ("fbgemm", "onednn")}
+    assert bits == {"src": None, "src.int8": seven["fbgemm"], "src.int8.onednn": seven["onednn"]}

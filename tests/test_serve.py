@@ -56,7 +56,7 @@ def test_health_ready_and_model(client, translator):
     assert ready.json() == {"status": "ready"}
     info = client.get("/v1/model").json()
     assert info["parameters"] == count_parameters(translator.model)
-    assert info["quantize"] == "none" and info["int8_kernels"] is None
+    assert info["quantize"] == "none" and info["int8_kernels"] is info["int8_weight_bits"] is None
     assert info["vocabulary_size"] == len(translator.vocab.target) == 60
     assert (info["source_language"], info["target_language"]) == ("xx", "yy")
     assert info["architecture"] == "weighted-transformer"

@@ -20,7 +20,7 @@ from helpers import sentence
 from serving import LiveServer, served_at, shared_tiny_run
 from wtnmt import Translator
 from wtnmt.cli import main as cli
-from wtnmt.model.packed import int8_available
+from wtnmt.model.packed import int8_available, int8_narrow_weights
 from wtnmt.serve.app import create_app
 from wtnmt.serve.settings import ServeSettings
 
@@ -99,6 +99,8 @@ def test_wtnmt_serve_runs_as_the_readme_says(run_dir, quantize, kernels, monkeyp
         expected_engine = Translator.load(run_dir, engine="auto").engine  # native where it runs
         assert (model["quantize"], model["engine"]) == (quantize, expected_engine)
         assert model["int8_kernels"] == kernels
+        bits = None if kernels is None else 7 if int8_narrow_weights(kernels) else 8
+        assert model["int8_weight_bits"] == bits
         # (int8 quantises each batch's activations as a whole: one sentence, batched alone)
         r = httpx.post(url + "/v1/translate", json={"text": SENTENCE})
         expected = Translator.load(run_dir, quantize=quantize, engine=expected_engine).translate(

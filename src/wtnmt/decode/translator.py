@@ -32,7 +32,7 @@ from wtnmt.model import (
     override_branch_weights,
     quantize_decoding,
 )
-from wtnmt.model.packed import int8_kernels
+from wtnmt.model.packed import int8_kernels, int8_narrow_weights
 from wtnmt.rundir import load_run
 from wtnmt.special import BOS, EOS, PAD
 
@@ -146,6 +146,13 @@ class Translator:
         if self.quantize == "none" or self.engine == "onnxruntime":
             return None
         return int8_kernels()
+
+    @property
+    def int8_weight_bits(self) -> int | None:
+        """The int8 weights' bits: 8, or 7 where those kernels add pairs of products in 16
+        bits (no VNNI: int8_narrow_weights); None where int8_kernels is None."""
+        kernels = self.int8_kernels
+        return None if kernels is None else 7 if int8_narrow_weights(kernels) else 8
 
     def set_branch_weights(
         self, how: str, *, seed: int = 0, only: Sequence[str] | None = None
