@@ -13,7 +13,7 @@ import pytest
 from helpers import tiny_run_config
 from wtnmt.analysis.runs import Run, machines_of
 from wtnmt.analysis.tables import machines_note, runs_table, steps_to_bleu_table
-from wtnmt.runtime import MACHINES, machine_description
+from wtnmt.runtime import KERNEL_LIMITS, MACHINES, machine_description
 from wtnmt.train import Trainer
 
 QUIET = {"log_to_stderr": False}
@@ -81,9 +81,8 @@ def test_analyze_says_when_seconds_compare_machines(resumed_run):
 def test_the_machine_names_the_libraries_held_below_the_cpu(monkeypatch):
     """A figure measured with oneDNN's or FBGEMM's kernels held below the CPU's own (as the
     instruction-set ladder and an emulated older CPU do) says so beside it."""
-    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS"):
+    for name in KERNEL_LIMITS:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv("CT2_FORCE_CPU_ISA", raising=False)
     plain = machine_description("cpu")
     assert "ONEDNN" not in plain and "FBGEMM" not in plain
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")

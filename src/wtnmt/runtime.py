@@ -149,8 +149,9 @@ MACHINES = "machines.jsonl"
 
 
 # what holds a library's kernels below the CPU's own instruction sets (ATen's capability is
-# shown as it is): oneDNN's, FBGEMM's, and CTranslate2's in the benchmarks that time it
+# shown as it is): MKL's, oneDNN's, FBGEMM's, and CTranslate2's in the benchmarks that time it
 KERNEL_LIMITS = (
+    "MKL_ENABLE_INSTRUCTIONS",
     "ONEDNN_MAX_CPU_ISA",
     "DNNL_MAX_CPU_ISA",
     "FBGEMM_ENABLE_INSTRUCTIONS",
