@@ -73,13 +73,7 @@ def dynamic_int8(narrow_weights: bool) -> Int8:
 def int8_linear(x: Tensor, weight: Tensor, bias: Tensor | None, how: Int8) -> Tensor:
     """x [..., in] · weight [out, in]ᵀ + bias through the dynamic int8 quantisation, in float64
     (the integer product is exact there: |Σ| < 2⁵³), returned in x's dtype."""
-    flat = x.reshape(-1, x.size(-1)).double()
-    qx, sx, zx = quantize_activations(flat, qmax=how.activation_qmax)
-    qw, sw = quantize_weight(weight.double(), qmax=how.weight_qmax)
-    out = ((qx - zx) @ qw.t()) * (sx * sw)
-    if bias is not None:
-        out = out + bias.double()
-    return out.to(x.dtype).view(*x.shape[:-1], weight.size(0))
+    return _int8(x, weight, bias, how)[0]
 
 
 # The kernels quantise in float32 (x·(1/scale); FBGEMM's AVX2 quantiser adds the zero point
@@ -93,13 +87,22 @@ def int8_slack(x: Tensor, weight: Tensor, how: Int8) -> Tensor:
     """[..., out]: how far a kernel's int8 product may lie from ``int8_linear`` for float32's
     rounding of ties alone: one step of each activation within TIE of half a step, by its
     quantised weight. Zero unless an activation is that close to a tie."""
+    return _int8(x, weight, None, how)[1]
+
+
+def _int8(x: Tensor, weight: Tensor, bias: Tensor | None, how: Int8) -> tuple[Tensor, Tensor]:
+    """(int8_linear, int8_slack) from one quantisation of x and weight."""
     flat = x.reshape(-1, x.size(-1)).double()
-    _, sx, _ = quantize_activations(flat, qmax=how.activation_qmax)
+    qx, sx, zx = quantize_activations(flat, qmax=how.activation_qmax)
+    qw, sw = quantize_weight(weight.double(), qmax=how.weight_qmax)
+    out = ((qx - zx) @ qw.t()) * (sx * sw)
+    if bias is not None:
+        out = out + bias.double()
     steps = flat / sx
     ties = ((steps - steps.floor() - 0.5).abs() < TIE).double()
-    qw, sw = quantize_weight(weight.double(), qmax=how.weight_qmax)
     slack = (ties @ qw.abs().t()) * (sx * sw)
-    return slack.view(*x.shape[:-1], weight.size(0))
+    shape = (*x.shape[:-1], weight.size(0))
+    return out.to(x.dtype).view(shape), slack.view(shape)
 
 
 @contextlib.contextmanager
@@ -137,7 +140,7 @@ def checked_int8(
         out = original(self, x, weight, bias, key=key)
         if self.int8 and not torch.is_grad_enabled():
             if isinstance(how, Int8):
-                expected, slack = int8_linear(x, weight, bias, how), int8_slack(x, weight, how)
+                expected, slack = _int8(x, weight, bias, how)
             else:
                 expected = how(x, weight, bias)
                 slack = torch.zeros(()) if ties is None else int8_slack(x, weight, ties)
@@ -154,6 +157,13 @@ def checked_int8(
         PackedLinear.__call__ = original  # type: ignore[method-assign]
 
 
+def packed_weight_qmax(linear: PackedLinear) -> int:
+    """The largest |q| of the int8 weights ``linear`` last packed: its width (127 or 64), as
+    the kernels multiply them (each row's largest weight goes to ±qmax)."""
+    weight, _ = torch.ops.quantized.linear_unpack(linear._packed)
+    return int(weight.int_repr().abs().max())
+
+
 def margins(log_probs: Tensor) -> Tensor:
     """[..., V] → [...]: how far the best token is ahead of the second."""
     top = log_probs.topk(2, dim=-1).values
@@ -167,6 +177,7 @@ __all__ = [
     "int8_linear",
     "int8_slack",
     "margins",
+    "packed_weight_qmax",
     "quantize_activations",
     "quantize_weight",
     "simulated_int8",

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from helpers import one_line, sentence, train_tiny
-from int8_oracle import checked_int8, dynamic_int8, int8_linear
+from int8_oracle import checked_int8, dynamic_int8, int8_linear, packed_weight_qmax
 from wtnmt.cli import main as cli
 from wtnmt.config import load_config
 from wtnmt.decode.native import unavailable_reason
@@ -59,7 +59,7 @@ def test_an_int8_product_is_the_simulation_on_the_library_asked_for(kernels, mon
     matmuls: list[str] = []
     with torch.no_grad(), onednn_log(capfd, matmuls):
         out = linear(x, weight, bias)
-    assert linear.weight_qmax == how.weight_qmax  # (the width its packed copy was made for)
+    assert packed_weight_qmax(linear) == how.weight_qmax  # (the width it was packed at)
     scale = F.linear(x, weight, bias).abs().max().item()
     assert (out - int8_linear(x, weight, bias, how)).abs().max().item() < 1e-5 * scale
     assert (out - int8_linear(x, weight, bias, other)).abs().max().item() > 1e-3 * scale

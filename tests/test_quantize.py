@@ -24,6 +24,7 @@ from int8_oracle import (
     int8_linear,
     int8_slack,
     margins,
+    packed_weight_qmax,
     quantize_activations,
     simulated_int8,
 )
@@ -106,10 +107,10 @@ def test_int8_weights_take_8_bits_where_the_kernels_add_in_32_bits_and_7_elsewhe
     with torch.no_grad():
         error = (linear(torch.eye(64), weight).t() - weight).abs().max().item()
     if _fbgemm_adds_pairs_in_16_bits():
-        assert int8_narrow_weights() and linear.weight_qmax == 64
+        assert int8_narrow_weights() and packed_weight_qmax(linear) == 64
         assert 0.4 / 64 < error <= 0.5 / 64 + 1e-5
     else:
-        assert not int8_narrow_weights() and linear.weight_qmax == 127
+        assert not int8_narrow_weights() and packed_weight_qmax(linear) == 127
         assert error < 1e-5
     if "avx512_vnni" not in cpu_description()["flags"]:
         assert _fbgemm_adds_pairs_in_16_bits()

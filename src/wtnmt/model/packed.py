@@ -95,7 +95,6 @@ class PackedLinear:
         self._key: object = None
         self._packed: object = None
         self.int8 = False  # decode through the int8 linear (quantize_decoding)
-        self.weight_qmax = 127  # the int8 copy's weights: ±127, or ±64 (int8_narrow_weights)
 
     def __call__(
         self, x: Tensor, weight: Tensor, bias: Tensor | None = None, *, key: object = None
@@ -121,9 +120,9 @@ class PackedLinear:
     ) -> object:
         """The packed copy of ``weight`` this product multiplies by (packed now unless the
         one kept is of the same weights): oneDNN's float32 layout (``rows``, the activation's
-        rows, a hint for it), or the int8 weight with ``bias`` inside (pack_int8, for the
-        library int8_kernels() names then, ``weight_qmax`` as it needs). The native engine
-        (decode/native) multiplies by the same copies."""
+        rows, a hint for it), or the int8 weight with ``bias`` inside (pack_int8: for the
+        library int8_kernels() names then, as wide as int8_narrow_weights allows it). The
+        native engine (decode/native) multiplies by the same copies."""
         if key is None:
             key = (weight.data_ptr(), weight._version, weight.shape, weight.stride())
             if bias is not None:  # int8 packs the bias with the weight
@@ -131,10 +130,8 @@ class PackedLinear:
         key = (self.int8, _generation, key)
         if self._packed is None or self._key != key:
             if self.int8:
-                kernels = int8_kernels()
                 bias = None if bias is None else bias.detach()
-                self.weight_qmax = 64 if int8_narrow_weights(kernels) else 127
-                self._packed = pack_int8(weight.detach(), bias, kernels, self.weight_qmax)
+                self._packed = pack_int8(weight.detach(), bias)
             else:  # (rows: a hint for the layout)
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
             self._key = key
@@ -146,7 +143,7 @@ class PackedLinear:
         return copy
 
     def __getstate__(self) -> dict:
-        return {"_key": None, "_packed": None, "int8": self.int8, "weight_qmax": 127}
+        return {"_key": None, "_packed": None, "int8": self.int8}
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
