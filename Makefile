@@ -38,9 +38,10 @@ test-slow: setup
 	$(PYTEST) -m slow
 
 # The numerics-sensitive tests (the model, training, decoding, int8 and ONNX tests) again
-# under each instruction set this CPU can emulate downward (ATEN_CPU_CAPABILITY and
-# ONEDNN_MAX_CPU_ISA: SSE4.1, AVX2, AVX-512, AVX-512 with VNNI, with bf16, AMX), so that a
-# newer CPU checks the kernels older ones run; the CPU's own level is the one `make test` ran.
+# under each instruction set this CPU can emulate downward (ATEN_CPU_CAPABILITY,
+# ONEDNN_MAX_CPU_ISA and FBGEMM_ENABLE_INSTRUCTIONS: SSE4.1, AVX2, AVX2 with AVX-VNNI, AVX-512,
+# AVX-512 with VNNI, with bf16, AMX), so that a newer CPU checks the kernels older ones run;
+# the CPU's own level is the one `make test` ran.
 # ISA=avx2 runs one level (docs/ARCHITECTURE.md, "Tests on every CPU"). The learning-rate
 # schedule and the clock, test_schedule.py, are no kernel's: not rerun.
 NUMERIC_TESTS := tests/test_model.py tests/test_model_cache.py tests/test_branched.py \

@@ -16,7 +16,7 @@ model, agreement is decided where the simulation's own margins are known (``marg
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -123,30 +123,22 @@ def simulated_int8(how: Int8) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def checked_int8(
-    how: Int8 | Callable[..., Tensor], errors: list[float], *, ties: Int8 | None = None
-) -> Iterator[None]:
+def checked_int8(how: Int8, errors: list[float]) -> Iterator[None]:
     """Every PackedLinear switched to int8 runs its kernel as it would, and each call's output
-    is compared with ``int8_linear`` of that call's own input, beyond ``int8_slack`` (or with
-    ``how(x, weight, bias)``, beyond ``int8_slack`` of ``ties`` where given: another library's
-    product may round a tie the other way too): the largest difference, relative to the
-    expected largest value, is appended to ``errors``. Compared call by call, a decoding is
-    checked product by product without chaining: a value that float32 rounding puts on the
-    other side of a quantisation step in one engine and not in the other (which then moves
-    every later activation) is never compared against a diverged path."""
+    is compared with ``int8_linear`` of that call's own input, beyond ``int8_slack``: the
+    largest difference, relative to the expected largest value, is appended to ``errors``.
+    Compared call by call, a decoding is checked product by product without chaining: a value
+    that float32 rounding puts on the other side of a quantisation step in one engine and not
+    in the other (which then moves every later activation) is never compared against a
+    diverged path."""
     original = PackedLinear.__call__
 
     def call(self, x, weight, bias=None, *, key=None):  # type: ignore[no-untyped-def]
         out = original(self, x, weight, bias, key=key)
         if self.int8 and not torch.is_grad_enabled():
-            if isinstance(how, Int8):
-                expected, slack = _int8(x, weight, bias, how)
-            else:
-                expected = how(x, weight, bias)
-                slack = torch.zeros(()) if ties is None else int8_slack(x, weight, ties)
-            slack = slack.to(out.dtype)
+            expected, slack = _int8(x, weight, bias, how)
             scale = max(expected.abs().max().item(), 1e-12)
-            beyond = ((out - expected).abs() - slack).clamp_min(0)
+            beyond = ((out - expected).abs() - slack.to(out.dtype)).clamp_min(0)
             errors.append(beyond.max().item() / scale)
         return out
 

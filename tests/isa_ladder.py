@@ -2,10 +2,11 @@
 emulate downward, so that one machine checks the kernels older or other CPUs run.
 
 PyTorch picks its vectorised kernels by ``ATEN_CPU_CAPABILITY`` (default, avx2, avx512),
-oneDNN (matmuls, bf16, AMX) by ``ONEDNN_MAX_CPU_ISA`` and FBGEMM (PyTorch's int8) by
-``FBGEMM_ENABLE_INSTRUCTIONS`` (AVX2, AVX512, AVX512_E1: VNNI; it has nothing older than
-AVX2); each can only go down from what the CPU has. Each level below is run where the CPU has
-its instructions, the highest of them being the one `make test` already ran (said, not rerun).
+oneDNN (matmuls, bf16, AMX, int8 on request) by ``ONEDNN_MAX_CPU_ISA`` and FBGEMM (PyTorch's
+int8) by ``FBGEMM_ENABLE_INSTRUCTIONS`` (AVX2, AVX512, AVX512_E1: VNNI; it has nothing older
+than AVX2, and no AVX-VNNI kernels); each can only go down from what the CPU has. Each level
+below is run where the CPU has its instructions, the highest of them being the one `make test`
+already ran (said, not rerun).
 ONNX Runtime chooses its kernels from the CPU alone: its int8 tests are checked against a
 simulation of the quantisation that holds on every CPU (tests/int8_oracle.py), not by this
 ladder.
@@ -39,6 +40,8 @@ AVX512 = frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"})
 LEVELS = (
     Level("sse4.1", "default", "SSE41", "AVX2", frozenset({"sse4_1"})),
     Level("avx2", "avx2", "AVX2", "AVX2", frozenset({"avx2"})),
+    # AVX2 with AVX-VNNI, no AVX-512 (Intel's E-core Xeons): oneDNN's int8 has VNNI, FBGEMM's not
+    Level("avx2-vnni", "avx2", "AVX2_VNNI", "AVX2", frozenset({"avx2", "avx_vnni"})),
     Level("avx512", "avx512", "AVX512_CORE", "AVX512", AVX512),
     Level("avx512-vnni", "avx512", "AVX512_CORE_VNNI", "AVX512_E1", AVX512 | {"avx512_vnni"}),
     Level(

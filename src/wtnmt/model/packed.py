@@ -25,8 +25,8 @@ kernels lack VNNI: ``int8_narrow_weights``), activations quantised per call (per
 unsigned, 8 bits), int32 accumulation. Off unless asked for; float32 everywhere else
 (attention, layer norms, the Weighted Transformer's per-branch products).
 ``WTNMT_INT8_KERNELS=onednn`` in the environment packs them for oneDNN's int8 kernels instead
-(the same quantisation, the same results up to the order of int32 sums), which use AMX where
-the CPU has it and FBGEMM does not; on an AMD CPU with AVX-512 VNNI the native engine's int8
+(the same quantisation, the same results up to the order of int32 sums; and by itself where
+the build has no FBGEMM, as aarch64's), which use AMX where the CPU has it and FBGEMM does not; on an AMD CPU with AVX-512 VNNI the native engine's int8
 search ran 0.77× (greedy) and 0.88× (beam 5) as fast on them (docs/BENCHMARKS.md).
 """
 
@@ -204,10 +204,13 @@ _engine_lock = threading.Lock()  # torch.backends.quantized.engine is one for th
 
 
 def int8_kernels() -> str:
-    """The library int8 products are packed for: ``$WTNMT_INT8_KERNELS``, FBGEMM unless it
-    names oneDNN, read as each weight is packed (a packed copy keeps its library). Raises
+    """The library int8 products are packed for: ``$WTNMT_INT8_KERNELS``; unset, FBGEMM where
+    it multiplies in this build (x86), else oneDNN where it does (aarch64 builds, which have no
+    FBGEMM), read as each weight is packed (a packed copy keeps its library). Raises
     EngineUnavailable for another name, or one this build lacks."""
-    chosen = os.environ.get("WTNMT_INT8_KERNELS", "").strip().lower() or "fbgemm"
+    chosen = os.environ.get("WTNMT_INT8_KERNELS", "").strip().lower()
+    if not chosen:
+        return next((kernels for kernels in INT8_KERNELS if _multiplies(kernels)), "fbgemm")
     if chosen not in INT8_KERNELS:
         raise EngineUnavailable(
             f"WTNMT_INT8_KERNELS={chosen!r}: int8 products run on {' or '.join(INT8_KERNELS)}"
@@ -254,9 +257,12 @@ def pack_int8(
 
 
 # oneDNN's instruction sets (ONEDNN_MAX_CPU_ISA) whose u8×s8 products add pairs in 16 bits
-_ONEDNN_BELOW_VNNI = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE")
+_ONEDNN_BELOW_VNNI = ("SSE41", "AVX", "AVX2", "AVX512_CORE")
+# and those that reach AVX-VNNI (VEX-encoded, 256 bits: CPUs without AVX-512, such as Intel's
+# E-core Xeons) but not AVX512-VNNI; whether a higher limit reaches it is not known here
+_ONEDNN_AVX_VNNI = ("AVX2_VNNI", "AVX2_VNNI_2")
 # FBGEMM's (FBGEMM_ENABLE_INSTRUCTIONS, read once a process; a name it does not know is
-# ignored, as is one the CPU cannot run), the same way
+# ignored, as is one the CPU cannot run), the same way; it has no AVX-VNNI kernels
 _FBGEMM_BELOW_VNNI = ("AVX2", "AVX512", "AVX512_256")
 
 
@@ -265,31 +271,48 @@ def int8_narrow_weights(kernels: str = "fbgemm") -> bool:
     """Whether int8 weights take 7 bits (±64) rather than 8. Without VNNI, x86 adds pairs of
     u8×s8 products in 16 bits, which 8-bit activations by 8-bit weights can overflow
     (2·255·127 > 32,767: FBGEMM saturates); ±64 keeps every pair inside (2·255·64 = 32,640),
-    as ONNX Runtime's ``reduce_range`` does, and activations keep their 8 bits. AVX512-VNNI
-    adds them in 32 bits, so there both take 8 (only that VNNI: it is the one PyTorch checks
-    for). On a converged Multi30k Transformer held to AVX2 kernels, 7-bit weights gave 40.26
-    BLEU (857 of 1,000 lines as float32's), 7-bit activations 40.09 (796), float32 40.24.
+    as ONNX Runtime's ``reduce_range`` does, and activations keep their 8 bits. VNNI adds them
+    in 32 bits, so there both take 8: AVX512-VNNI for FBGEMM (the one PyTorch checks for), it
+    or AVX-VNNI for oneDNN (``kernels="onednn"``, int8_kernels: its brgemm matmul has
+    AVX-VNNI kernels, exact with 8-bit weights where its AVX2 ones saturate). On a converged
+    Multi30k Transformer held to AVX2 kernels, 7-bit weights gave 40.26 BLEU (857 of 1,000
+    lines as float32's), 7-bit activations 40.09 (796), float32 40.24.
     Follows what the library may run: FBGEMM held below VNNI by ``FBGEMM_ENABLE_INSTRUCTIONS``,
-    oneDNN's (``kernels="onednn"``, int8_kernels) by ``ONEDNN_MAX_CPU_ISA`` (as the tests
-    emulate older CPUs: tests/isa_ladder.py)."""
-    if "avx512_vnni" not in cpu_description()["flags"]:
-        return True
+    oneDNN by ``ONEDNN_MAX_CPU_ISA`` (as the tests emulate older CPUs: tests/isa_ladder.py)."""
+    flags = cpu_description()["flags"]
     if kernels == "onednn":
         limit = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
-        return limit.strip().upper() in _ONEDNN_BELOW_VNNI
+        limit = limit.strip().upper()
+        if limit in _ONEDNN_BELOW_VNNI:
+            return True
+        if "avx_vnni" in flags and (limit in _ONEDNN_AVX_VNNI or limit in ("", "ALL", "DEFAULT")):
+            return False
+        return "avx512_vnni" not in flags or limit in _ONEDNN_AVX_VNNI
+    if "avx512_vnni" not in flags:
+        return True
     return os.environ.get("FBGEMM_ENABLE_INSTRUCTIONS", "").upper() in _FBGEMM_BELOW_VNNI
 
 
 @functools.cache
-def int8_available() -> bool:
-    """Whether this build runs FBGEMM's dynamically quantised linear (one tiny trial call)."""
+def _multiplies(kernels: str) -> bool:
+    """Whether ``kernels``' dynamically quantised linear runs in this build (one tiny trial
+    call: a build may list a library its CPU cannot run)."""
+    if kernels not in _quantized_engines():
+        return False
     try:
-        if "fbgemm" not in torch.backends.quantized.supported_engines:
-            return False
-        packed = pack_int8(torch.eye(4), None, "fbgemm")
-        y = torch.ops.quantized.linear_dynamic(torch.ones(1, 4), packed, True)
+        packed = pack_int8(torch.eye(4), None, kernels)
+        with _quantized_engine(kernels):
+            y = torch.ops.quantized.linear_dynamic(torch.ones(1, 4), packed, True)
         return bool(torch.allclose(y, torch.ones(1, 4), atol=0.05))
     except (AttributeError, RuntimeError, NotImplementedError):  # pragma: no cover - other builds
+        return False
+
+
+def int8_available() -> bool:
+    """Whether this build can decode in int8: the library int8_kernels() names multiplies."""
+    try:
+        return _multiplies(int8_kernels())
+    except EngineUnavailable:
         return False
 
 
@@ -299,10 +322,12 @@ def quantize_decoding(model: torch.nn.Module, mode: Literal["none", "int8"]) -> 
     (with gradients every layer multiplies in float32)."""
     if mode not in ("none", "int8"):
         raise ValueError(f"quantize: {mode!r} is not one of 'none', 'int8'")
-    if mode == "int8":
-        int8_kernels()  # (a name it does not know: a one-line error now, not at decoding)
-    if mode == "int8" and not int8_available():
-        raise RuntimeError("int8 decoding needs PyTorch's FBGEMM backend (x86 CPU builds)")
+    kernels = int8_kernels() if mode == "int8" else None  # (a name it does not know: now)
+    if kernels is not None and not _multiplies(kernels):
+        raise EngineUnavailable(
+            f"int8 decoding needs PyTorch's int8 linear on FBGEMM or oneDNN; {kernels}'s does "
+            f"not run in this build (its quantised engines: {sorted(_quantized_engines())})"
+        )
     switched = 0
     for linear in _packed_linears(model):
         linear.int8 = mode == "int8"
