@@ -26,8 +26,10 @@ unsigned, 8 bits), int32 accumulation. Off unless asked for; float32 everywhere 
 (attention, layer norms, the Weighted Transformer's per-branch products).
 ``WTNMT_INT8_KERNELS=onednn`` in the environment packs them for oneDNN's int8 kernels instead
 (the same quantisation, the same results up to the order of int32 sums; and by itself where
-the build has no FBGEMM, as aarch64's), which use AMX where the CPU has it and FBGEMM does not; on an AMD CPU with AVX-512 VNNI the native engine's int8
-search ran 0.77× (greedy) and 0.88× (beam 5) as fast on them (docs/BENCHMARKS.md).
+the build has no FBGEMM, as aarch64's), which use AMX where the CPU has it and FBGEMM does not,
+and AVX-VNNI where it has that without AVX-512; on an AMD CPU with AVX-512 VNNI the native
+engine's int8 search ran 0.77× (greedy) and 0.88× (beam 5) as fast on them
+(docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
