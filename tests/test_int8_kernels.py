@@ -143,6 +143,21 @@ def _model() -> torch.nn.Module:
     return model.eval()
 
 
+def checked_search(model: torch.nn.Module, capfd, beam: int, **options):  # type: ignore[no-untyped-def]
+    """A beam search of 4 seeded sources by ``model``, packed for oneDNN, each int8 product
+    checked against the simulation of its own input: (hypotheses, the products' relative
+    errors beyond the oracle's slack, oneDNN's int8 matmuls in its log)."""
+    g = torch.Generator().manual_seed(7)
+    src = torch.randint(4, 300, (4, 8), generator=g)
+    src[:, -1] = EOS
+    errors: list[float] = []
+    matmuls: list[str] = []
+    how = dynamic_int8(int8_narrow_weights("onednn"))
+    with onednn_log(capfd, matmuls), checked_int8(how, errors):
+        found = search_batch(model, src, beam=beam, **options)
+    return src, found, errors, matmuls
+
+
 def test_a_search_packed_for_onednn_is_the_simulation_on_both_engines(monkeypatch, capfd):
     """Every int8 product of a beam search (the encoder's, each step's, the output
     projection) on oneDNN, each the simulation of its own input up to float32 rounding (and
@@ -151,14 +166,7 @@ def test_a_search_packed_for_onednn_is_the_simulation_on_both_engines(monkeypatc
     monkeypatch.setenv("WTNMT_INT8_KERNELS", "onednn")
     model = _model()
     assert quantize_decoding(model, "int8") > 0
-    g = torch.Generator().manual_seed(7)
-    src = torch.randint(4, 300, (4, 8), generator=g)
-    src[:, -1] = EOS
-    errors: list[float] = []
-    matmuls: list[str] = []
-    how = dynamic_int8(int8_narrow_weights("onednn"))
-    with onednn_log(capfd, matmuls), checked_int8(how, errors):
-        found = search_batch(model, src, beam=4, nbest=2)
+    src, found, errors, matmuls = checked_search(model, capfd, beam=4, nbest=2)
     assert len(errors) > 30 and max(errors) < 1e-5, (len(errors), max(errors))
     assert len(matmuls) == len(errors), (len(matmuls), len(errors))  # every one in oneDNN
     if unavailable_reason() is None:
@@ -205,14 +213,7 @@ def test_without_fbgemm_int8_runs_on_onednn_and_without_either_it_is_one_line(
         assert int8_kernels() == "onednn" and int8_available()
         model = _model()
         quantize_decoding(model, "int8")
-        g = torch.Generator().manual_seed(3)
-        src = torch.randint(4, 300, (2, 6), generator=g)
-        src[:, -1] = EOS
-        errors: list[float] = []
-        matmuls: list[str] = []
-        how = dynamic_int8(int8_narrow_weights("onednn"))
-        with onednn_log(capfd, matmuls), checked_int8(how, errors):
-            search_batch(model, src, beam=2)
+        _, _, errors, matmuls = checked_search(model, capfd, beam=2)
         assert errors and max(errors) < 1e-5 and len(matmuls) == len(errors)
 
         monkeypatch.setattr(packed, "_quantized_engines", lambda: frozenset({"none"}))

@@ -287,9 +287,9 @@ def int8_narrow_weights(kernels: str = "fbgemm") -> bool:
         limit = limit.strip().upper()
         if limit in _ONEDNN_BELOW_VNNI:
             return True
-        if "avx_vnni" in flags and (limit in _ONEDNN_AVX_VNNI or limit in ("", "ALL", "DEFAULT")):
-            return False
-        return "avx512_vnni" not in flags or limit in _ONEDNN_AVX_VNNI
+        avx512 = "avx512_vnni" in flags and limit not in _ONEDNN_AVX_VNNI
+        avx = "avx_vnni" in flags and limit in (*_ONEDNN_AVX_VNNI, "", "ALL", "DEFAULT")
+        return not (avx512 or avx)
     if "avx512_vnni" not in flags:
         return True
     return os.environ.get("FBGEMM_ENABLE_INSTRUCTIONS", "").upper() in _FBGEMM_BELOW_VNNI
@@ -302,9 +302,8 @@ def _multiplies(kernels: str) -> bool:
     if kernels not in _quantized_engines():
         return False
     try:
-        packed = pack_int8(torch.eye(4), None, kernels)
-        with _quantized_engine(kernels):
-            y = torch.ops.quantized.linear_dynamic(torch.ones(1, 4), packed, True)
+        packed = pack_int8(torch.eye(4), None, kernels)  # (the product follows the packing)
+        y = torch.ops.quantized.linear_dynamic(torch.ones(1, 4), packed, True)
         return bool(torch.allclose(y, torch.ones(1, 4), atol=0.05))
     except (AttributeError, RuntimeError, NotImplementedError):  # pragma: no cover - other builds
         return False
