@@ -49,7 +49,7 @@ NUMERIC_TESTS := tests/test_model.py tests/test_model_cache.py tests/test_branch
 	tests/test_dropout.py tests/test_loss.py tests/test_train.py tests/test_resume.py \
 	tests/test_decode.py tests/test_translate.py tests/test_length_penalty.py \
 	tests/test_quantize.py tests/test_int8_kernels.py tests/test_prune.py tests/test_precision.py \
-	tests/test_onnx.py
+	tests/test_onnx.py tests/test_native_int8.py
 ISA ?=
 test-isa: setup
 	WTNMT_DATA="$(WTNMT_DATA)" $(BIN)/python tests/isa_ladder.py $(if $(ISA),--only $(ISA)) -- \

@@ -44,8 +44,12 @@ engine's first. Its line reads each ratio to wtnmt's PyTorch float32 and to CTra
 native engine (`--engine native`, decode/native: the search and the decoder step in C++ over
 the PyTorch engine's packed weights) likewise, float32 and int8, where it can be built.
 ``--onednn-int8`` adds the native int8 Weighted Transformer with its products packed for
-oneDNN's int8 kernels (``WTNMT_INT8_KERNELS=onednn``: AMX where the CPU has it) and reads it
-against the FBGEMM-packed one of the same rounds.
+oneDNN's int8 kernels (``WTNMT_INT8_KERNELS=onednn``: AMX where the CPU has it; multiplied by
+oneDNN, not int8.h) and reads it against the default of the same rounds. The native engine
+multiplies int8 in its own kernel (decode/native/int8.h) where the CPU has VNNI;
+``--library-int8`` adds the native int8 Weighted Transformer multiplying through PyTorch's
+``quantized::linear_dynamic`` instead (``WTNMT_NATIVE_INT8=library``), read against the
+default of the same rounds.
 """
 
 from __future__ import annotations
@@ -130,6 +134,7 @@ def packed_for_onednn(model, src: torch.Tensor) -> NativeEngine:  # type: ignore
     q.load_state_dict(model.state_dict())
     quantize_decoding(q.eval(), "int8")
     engine = NativeEngine(q)
+    engine.int8_lanes = None  # oneDNN's own int8 product, not int8.h's on its weights
     before = os.environ.get("WTNMT_INT8_KERNELS")
     os.environ["WTNMT_INT8_KERNELS"] = "onednn"
     try:
@@ -156,6 +161,11 @@ def main() -> None:
         "--onednn-int8",
         action="store_true",
         help="also the native int8 Weighted Transformer packed for oneDNN's kernels",
+    )
+    parser.add_argument(
+        "--library-int8",
+        action="store_true",
+        help="also the native int8 Weighted Transformer on PyTorch's int8 product",
     )
     args = parser.parse_args()
     print(machine_line(args.threads), flush=True)
@@ -205,6 +215,10 @@ def main() -> None:
         print(f"{e}: its entries left out", flush=True)
     if args.onednn_int8 and "native weighted int8" in models:
         models[ONEDNN] = packed_for_onednn(models["weighted"], inputs[0])
+    if args.library_int8 and "native weighted int8" in models:
+        models[LIBRARY] = NativeEngine(quantized["weighted"])
+        models[LIBRARY].int8_lanes = None  # (WTNMT_NATIVE_INT8=library)
+        print(f"native int8: int8.h's kernel, {models['native weighted int8'].int8_lanes} lanes")
     for flavour in ("weighted", "transformer"):
         for other in ("ort", "native"):
             if f"{other} {flavour} fp32" not in models:
@@ -258,6 +272,7 @@ ENTRIES = [
     # the native engine: search and decoder step in C++ over the PyTorch engine's weights
     *(f"native {f} {p}" for f in ("weighted", "transformer") for p in ("fp32", "int8")),
     "native weighted int8 onednn",  # (--onednn-int8) its products on oneDNN's int8 kernels
+    "native weighted int8 library",  # (--library-int8) on PyTorch's int8 product
     "ct2 float32",
     "ct2 int8",
     # both engines with 2 workers of 1 thread each, each worker decoding its own batches
@@ -270,6 +285,7 @@ ENTRIES = [
 ]
 WORKERS = 2
 ONEDNN = "native weighted int8 onednn"
+LIBRARY = "native weighted int8 library"
 
 
 def entries(threads: int, models: dict | None = None) -> list[str]:  # type: ignore[type-arg]
@@ -370,7 +386,11 @@ def report(rates: dict[tuple[str, int], list[float]], args: argparse.Namespace) 
 
     if (ONEDNN, 1) in rates:
         over = {b: ratios(ONEDNN, b, "native weighted int8") for b in (1, 5)}
-        print(f"native int8 on oneDNN's kernels / on FBGEMM's: greedy {span(over[1])} "
+        print(f"native int8 on oneDNN's product / the default: greedy {span(over[1])} "
+              f"beam5 {span(over[5])}")  # fmt: skip
+    if (LIBRARY, 1) in rates:
+        over = {b: ratios("native weighted int8", b, LIBRARY) for b in (1, 5)}
+        print(f"native int8, int8.h's kernel / PyTorch's product: greedy {span(over[1])} "
               f"beam5 {span(over[5])}")  # fmt: skip
 
     def best(precisions: tuple[str, ...], base: str, beam: int, x2: str) -> float:
@@ -378,7 +398,7 @@ def report(rates: dict[tuple[str, int], list[float]], args: argparse.Namespace) 
         or native)."""
         engines = ("wtnmt", "native") if x2 else ("wtnmt", "ort", "native")
         found = [f"{e} weighted {p}{x2}" for e in engines for p in precisions]
-        found += [ONEDNN] if not x2 and "int8" in precisions else []
+        found += [ONEDNN, LIBRARY] if not x2 and "int8" in precisions else []
         rounds = [ratios(e, beam, base + x2) for e in found if (e, beam) in rates]
         return statistics.median(max(r) for r in zip(*rounds, strict=True))
 

@@ -193,19 +193,26 @@ def test_every_build_of_the_kernels_finds_what_the_pytorch_engine_finds(kind, di
 MARGIN = 0.05  # a lead no rounding's difference in an int8 step comes near (seen: < 0.015)
 
 
+@pytest.mark.parametrize("products", ["auto", "own"])
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_int8_with_fused_attention_translates_as_pytorch_int8_where_its_margins_are_known(kind):
+def test_int8_with_fused_attention_translates_as_pytorch_int8_where_its_margins_are_known(
+    kind, products, monkeypatch
+):
     """The fused attention's float32 sums differ from the batched products' in their last bits,
     and int8 quantises each product's input afresh: a value on the edge of a quantisation step
     may fall on the other side, so the two int8 engines may differ by a quantisation step, not
     to the bit. Greedy, a sentence at a time: wherever the PyTorch int8 engine's best token
-    leads the second by MARGIN at every step, the native engine must choose the same."""
+    leads the second by MARGIN at every step, the native engine must choose the same: with
+    the int8 products this CPU's default takes, and in int8.h's kernel (``own``: its widest
+    build here, the portable one where the CPU has no VNNI)."""
     if not int8_available():
         pytest.skip("this PyTorch build has no FBGEMM int8")
+    monkeypatch.setenv("WTNMT_NATIVE_INT8", products)
     vocab = 600
     model = _model(kind, vocab)
     quantize_decoding(model, "int8")
     native, known = NativeEngine(model), 0
+    assert products == "auto" or native.int8_lanes is not None
     for row in _sources(vocab):
         src = row[None, : int(row.ne(PAD).sum())]
         ids = search_batch(model, src, beam=1)[0][0].tokens
@@ -238,6 +245,18 @@ def test_a_change_of_weights_or_precision_is_seen_at_the_next_batch():
         quantize_decoding(model, "int8")
         assert native.quantize == "int8"
         _assert_same(search_batch(model, src, beam=2), search_batch(native, src, beam=2))
+        native.int8_lanes = 0  # int8.h's portable build: its layout of the weights is kept
+        search_batch(native, src, beam=2)  # until they change (then laid out again)
+        kept = {id(linear): own for linear, (_, own) in native._own.items()}
+        assert kept
+        search_batch(native, src, beam=2)
+        assert {id(linear): own for linear, (_, own) in native._own.items()} == kept
+        with torch.no_grad():
+            for p in model.decoder_layers[0].cross_attn.parameters():
+                p.add_(0.5 * torch.randn_like(p))
+        _assert_same(search_batch(model, src, beam=2), search_batch(native, src, beam=2))
+        again = {id(linear): own for linear, (_, own) in native._own.items()}
+        assert any(again[k] is not kept[k] for k in kept)
 
 
 def test_bad_settings_are_refused_as_by_the_pytorch_engine():

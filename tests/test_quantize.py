@@ -275,6 +275,11 @@ def test_evaluate_quantize_int8_says_so_and_keeps_the_float32_files(trained, tmp
         for name in ("src", "src.int8", "src.int8.onednn")
     }
     assert kernels == {"src": None, "src.int8": "fbgemm", "src.int8.onednn": "onednn"}
+    products = {  # (the PyTorch engine: the library's product)
+        name: json.loads((run / "eval" / f"{name}.scores.json").read_text())["int8_product"]
+        for name in kernels
+    }
+    assert products == kernels
     bits = {
         name: json.loads((run / "eval" / f"{name}.scores.json").read_text())["int8_weight_bits"]
         for name in kernels

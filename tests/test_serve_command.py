@@ -101,12 +101,12 @@ def test_wtnmt_serve_runs_as_the_readme_says(run_dir, quantize, kernels, monkeyp
         assert model["int8_kernels"] == kernels
         bits = None if kernels is None else 7 if int8_narrow_weights(kernels) else 8
         assert model["int8_weight_bits"] == bits
+        local = Translator.load(run_dir, quantize=quantize, engine=expected_engine)
+        assert model["int8_product"] == local.int8_product  # (the native engine's own, or kernels)
+        assert (model["int8_product"] is None) == (kernels is None)
         # (int8 quantises each batch's activations as a whole: one sentence, batched alone)
         r = httpx.post(url + "/v1/translate", json={"text": SENTENCE})
-        expected = Translator.load(run_dir, quantize=quantize, engine=expected_engine).translate(
-            [SENTENCE]
-        )
-        assert r.json() == {"translations": expected}
+        assert r.json() == {"translations": local.translate([SENTENCE])}
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0

@@ -331,7 +331,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         "seed": args.seed if args.branch_weights == "random" else None,
         "branch_weights_in": args.branch_weights_in,
         "quantize": args.quantize, "int8_kernels": translator.int8_kernels,
-        "int8_weight_bits": translator.int8_weight_bits,
+        "int8_product": translator.int8_product, "int8_weight_bits": translator.int8_weight_bits,
         "engine": args.engine, "weights": args.weights,
     }  # fmt: skip
     d = translator.config.decode

@@ -148,6 +148,22 @@ class Translator:
         return int8_kernels()
 
     @property
+    def int8_product(self) -> str | None:
+        """Who multiplies the int8 products: the library (as ``int8_kernels``), or on the
+        native engine its own kernel where it takes it (``int8.h-avx-vnni``,
+        ``int8.h-avx512-vnni``, ``int8.h-portable``: ``WTNMT_NATIVE_INT8``, network.py's
+        ``own_int8_lanes``, as its workers decide too); None where int8_kernels is None."""
+        kernels = self.int8_kernels
+        if kernels is None or self.engine != "native":
+            return kernels
+        from wtnmt.decode.native import extension
+        from wtnmt.decode.native.network import own_int8_lanes
+
+        lanes = own_int8_lanes(extension().int8_lanes())
+        builds = {16: "avx512-vnni", 8: "avx-vnni", 0: "portable"}
+        return kernels if lanes is None else f"int8.h-{builds[lanes]}"
+
+    @property
     def int8_weight_bits(self) -> int | None:
         """The int8 weights' bits: 8, or 7 where those kernels add pairs of products in 16
         bits (no VNNI: int8_narrow_weights); None where int8_kernels is None."""

@@ -29,7 +29,8 @@ unsigned, 8 bits), int32 accumulation. Off unless asked for; float32 everywhere 
 the build has no FBGEMM, as aarch64's), which use AMX where the CPU has it and FBGEMM does not,
 and AVX-VNNI where it has that without AVX-512; on an AMD CPU with AVX-512 VNNI the native
 engine's int8 search ran 0.77× (greedy) and 0.88× (beam 5) as fast on them
-(docs/BENCHMARKS.md).
+(docs/BENCHMARKS.md). Where the CPU has VNNI the native engine multiplies the int8 values and
+scales packed here in a kernel of its own (decode/native/int8.h, the same quantisation).
 """
 
 from __future__ import annotations

@@ -166,6 +166,7 @@ def model_info(
         "parameters": count_parameters(translator.model),
         "quantize": translator.quantize,  # "int8": linear layers decode in int8
         "int8_kernels": translator.int8_kernels,  # "fbgemm" or "onednn" (None: not packed here)
+        "int8_product": translator.int8_product,  # those, or the native engine's int8.h kernel
         "int8_weight_bits": translator.int8_weight_bits,  # 8, or 7 without VNNI (None: as above)
         "engine": translator.engine,  # "pytorch", "native" or "onnxruntime"
         "source_language": translator.config.data.src_lang,

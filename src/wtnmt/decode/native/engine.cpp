@@ -5,7 +5,8 @@
 // calls a step. With ``fused`` off every number is computed as the PyTorch engine computes
 // it; on, attention (with the branched sublayer's first FFN products) runs in attention.h's
 // kernels and greedy's choice of token in search_ops.h's greedy_pick, the same arithmetic up
-// to the order of float32 sums.
+// to the order of float32 sums; and where the CPU has VNNI the int8 products in int8.h's
+// kernel, the same quantisation of the same int8 weights (network.py's own_int8_lanes).
 //
 // Built on first use by torch.utils.cpp_extension (decode/native/__init__.py).
 
@@ -331,6 +332,7 @@ Product product(int kind, Tensor weight, std::optional<Tensor> bias, const py::o
   p.weight = std::move(weight);
   p.bias = std::move(bias);
   if (kind == 1) p.int8 = int8_params(int8);
+  if (kind == 3) p.own = py::cast<std::shared_ptr<Int8Weight>>(int8);
   return p;
 }
 
@@ -349,6 +351,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Product>(m, "Product")
       .def(py::init(&product), py::arg("kind"), py::arg("weight"), py::arg("bias"),
            py::arg("int8"));
+  py::class_<Int8Weight, std::shared_ptr<Int8Weight>>(m, "Int8Weight")
+      .def(py::init([](const Tensor& q, const Tensor& scale, std::optional<Tensor> bias,
+                       int lanes) {
+             return std::make_shared<Int8Weight>(int8_weight(q, scale, bias, lanes));
+           }),
+           py::arg("q"), py::arg("scale"), py::arg("bias"), py::arg("lanes"))
+      .def_readonly("lanes", &Int8Weight::lanes)
+      .def("__call__", [](const Int8Weight& w, const Tensor& x) { return int8_product(x, w); },
+           py::call_guard<py::gil_scoped_release>());
+  m.def("int8_lanes", &int8_lanes, "the widest build of the int8 kernel this CPU runs");
   py::class_<Layer>(m, "Layer")
       .def(py::init([](int cross_kind, int64_t self_heads, int64_t self_dk, int64_t cross_heads,
                        int64_t cross_dk, std::vector<Product> products, std::vector<Tensor> norms,

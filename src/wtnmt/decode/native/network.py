@@ -3,12 +3,15 @@ decode/search.py's ``search_batch`` reads of an engine with a search of its own:
 
 The weights are the model's own, read at every batch (so a change of κ, α or of precision is
 seen at once), and its products are multiplied by the very copies the PyTorch engine packs
-(``PackedLinear.prepared``): oneDNN's float32 layout or FBGEMM's int8 one. That is what makes
-the two engines' translations the same.
+(``PackedLinear.prepared``): oneDNN's float32 layout or FBGEMM's int8 one (whose int8 values
+and scales int8.h's kernel takes, laid out its way, where it multiplies: ``own_int8_lanes``).
+That is what makes the two engines' translations the same.
 """
 
 from __future__ import annotations
 
+import os
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -18,11 +21,49 @@ from wtnmt.decode.native import NativeUnavailable, extension
 from wtnmt.decode.search import PENALTY_FORMS, Hypothesis, _limits, greedy_hypotheses
 from wtnmt.model.attention import MultiHeadAttention
 from wtnmt.model.branched import BranchedAttention
-from wtnmt.model.packed import PackedLinear, decoding_mode, onednn_available
+from wtnmt.model.packed import (
+    _ONEDNN_AVX_VNNI,
+    PackedLinear,
+    decoding_mode,
+    int8_narrow_weights,
+    onednn_available,
+)
 from wtnmt.model.speed import fast_paths
+from wtnmt.runtime import cpu_description
 from wtnmt.special import BOS, EOS
 
-ONEDNN, INT8, MATMUL = 0, 1, 2  # engine.cpp's kinds of product
+ONEDNN, INT8, MATMUL, OWN_INT8 = 0, 1, 2, 3  # engine.cpp's kinds of product
+INT8_PRODUCTS = ("auto", "own", "library")  # WTNMT_NATIVE_INT8: the fused engine's int8
+
+
+def own_int8_lanes(hardware: int) -> int | None:
+    """The build of int8.h's kernel the fused native engine multiplies its int8 products
+    with: 16 (AVX512-VNNI), 8 (AVX-VNNI), 0 (portable C++: slow, for tests) or None
+    (PyTorch's quantized::linear_dynamic). ``hardware``: the widest this CPU runs (the
+    extension's ``int8_lanes()``). ``WTNMT_NATIVE_INT8``: ``auto`` (the default) takes the
+    widest VNNI build the CPU has (in decoding it ran 1.13-1.19x as fast as FBGEMM's product
+    with AVX512-VNNI, and as fast as it or faster where FBGEMM has only AVX2 kernels:
+    docs/BENCHMARKS.md), None without VNNI; ``own`` the widest build there is, the portable
+    one too; ``library`` None. Held, as the tests emulate older CPUs (tests/isa_ladder.py),
+    where ``ATEN_CPU_CAPABILITY`` holds the float kernels (avx2: 8 at most; default: no
+    VNNI) and where ``ONEDNN_MAX_CPU_ISA`` holds oneDNN (below VNNI: none; AVX2_VNNI: 8 at
+    most)."""
+    chosen = os.environ.get("WTNMT_NATIVE_INT8", "").strip().lower() or "auto"
+    if chosen not in INT8_PRODUCTS:
+        raise NativeUnavailable(
+            f"WTNMT_NATIVE_INT8={chosen!r}: int8 products are {', '.join(INT8_PRODUCTS)}"
+        )
+    if chosen == "library":
+        return None
+    aten = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    limit = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
+    widest = 0
+    if not (aten == "default" or int8_narrow_weights("onednn")):  # (a VNNI within reach)
+        if hardware == 16 and aten != "avx2" and limit.strip().upper() not in _ONEDNN_AVX_VNNI:
+            widest = 16
+        elif hardware >= 8 and "avx_vnni" in cpu_description()["flags"]:
+            widest = 8
+    return widest if chosen == "own" or widest else None
 
 
 class NativeEngine:
@@ -47,6 +88,9 @@ class NativeEngine:
         self.model = model
         self._ext = extension(say)
         self.fused = fused
+        self.int8_lanes = own_int8_lanes(self._ext.int8_lanes())  # (None: the library's)
+        # each PackedLinear's int8 weights laid out for int8.h: (the packed copy, its layout)
+        self._own: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def check_usable(self) -> None:
         """Raises NativeUnavailable where this engine cannot decode the model at its present
@@ -70,6 +114,14 @@ class NativeEngine:
         key: object = None,
     ):  # type: ignore[no-untyped-def]
         packed = linear.prepared(weight, bias, rows=rows, key=key)
+        if linear.int8 and self.fused and self.int8_lanes is not None:  # (int8.h's kernel)
+            kept = self._own.get(linear)
+            if kept is None or kept[0] is not packed:
+                q, b = torch.ops.quantized.linear_unpack(packed)
+                scale = q.q_per_channel_scales().float()
+                own = self._ext.Int8Weight(q.int_repr(), scale, b, self.int8_lanes)
+                kept = self._own[linear] = (packed, own)
+            return self._ext.Product(OWN_INT8, torch.empty(0), None, kept[1])
         if linear.int8:
             return self._ext.Product(INT8, torch.empty(0), None, packed)
         return self._ext.Product(ONEDNN, packed, None if bias is None else bias.detach(), None)

@@ -2,9 +2,13 @@
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
 #include <ATen/native/quantized/PackedParams.h>
 #include <torch/extension.h>
 
+#include "int8.h"
+
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -14,13 +18,15 @@ using at::Tensor;
 using Int8 = c10::intrusive_ptr<LinearPackedParamsBase>;
 
 // x·Wᵀ (+ b) as model/packed.py's PackedLinear computes it: oneDNN's packed float32 product,
-// FBGEMM's dynamically quantised int8 one (bias packed in), or a plain matmul by an [in, out]
-// matrix (the weighted self-attention's merge, which the PyTorch engine never packs).
+// FBGEMM's (or oneDNN's) dynamically quantised int8 one (bias packed in), or a plain matmul by
+// an [in, out] matrix (the weighted self-attention's merge, which the PyTorch engine never
+// packs); or the same int8 product in the engine's own kernel (int8.h) on the same weights.
 struct Product {
-  int kind = 0;   // 0 oneDNN, 1 int8, 2 matmul
+  int kind = 0;   // 0 oneDNN, 1 int8, 2 matmul, 3 int8 in int8.h's kernel
   Tensor weight;  // oneDNN-packed [out, in], or the [in, out] matrix of kind 2
   std::optional<Tensor> bias;
   Int8 int8;
+  std::shared_ptr<Int8Weight> own;
 };
 
 inline Tensor onednn_linear(const Tensor& x, const Tensor& w, const std::optional<Tensor>& b) {
@@ -55,6 +61,10 @@ inline Tensor apply(const Product& p, const Tensor& x) {
       return onednn_linear(x, p.weight, p.bias);
     case 1:
       return int8_linear(x, p.int8);
+    case 3: {
+      RECORD_FUNCTION("wtnmt::int8_product", std::vector<c10::IValue>({x}));  // (profilers)
+      return int8_product(x, *p.own);
+    }
     default:
       return x.matmul(p.weight);
   }
