@@ -8,7 +8,7 @@ self-attention, multi-head cross-attention with its FFN or the branched sublayer
 or shared FFNs, pruned branches), in float32 or int8: the products through the same
 operators, attention (with the branches' first FFN products) and greedy's choice of token in
 its own kernels (attention.h, search_ops.h), and where the CPU has VNNI the int8 products
-too (int8.h: the same quantisation of the same weights in one pass, 1.13-1.19x as fast as
+too (int8.h: the same quantisation of the same weights in one pass, 1.12-1.19x as fast as
 FBGEMM's in decoding; network.py's ``own_int8_lanes``). The encoder and the cross-attention keys and
 values, once a batch, stay the PyTorch model's.
 

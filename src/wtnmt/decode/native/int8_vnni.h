@@ -4,6 +4,7 @@
 #pragma once
 
 #include "int8_layout.h"
+#include "vectors.h"
 
 namespace wtnmt_native {
 
@@ -11,6 +12,33 @@ namespace wtnmt_native {
 // of 16 ymm); wider tiles (8 × 2, 4 × 4, 6 × 4; 6 rows of AVX-VNNI) measured no faster, but
 // that was before dpbusd below (GCC's register moves then): not measured again since
 constexpr int ROWS512 = 4, BLOCKS512 = 2, ROWS256 = 4;
+
+// The smallest and largest of n floats, W at a time (vectors.h's vectors: one build for each
+// instruction set, as the wrappers below are compiled)
+template <int W>
+WTNMT_INLINE void range_lanes(const float* x, int64_t n, float* lo, float* hi) {
+  using V = typename Vec<W>::T;
+  float l = x[0], h = x[0];
+  int64_t i = 0;
+  if (n >= W) {
+    V a = load<W>(x), b = a;
+    for (i = W; i + W <= n; i += W) {
+      const V v = load<W>(x + i);
+      a = v < a ? v : a;
+      b = v > b ? v : b;
+    }
+    for (int j = 0; j < W; ++j) {
+      l = std::min(l, a[j]);
+      h = std::max(h, b[j]);
+    }
+  }
+  for (; i < n; ++i) {
+    l = std::min(l, x[i]);
+    h = std::max(h, x[i]);
+  }
+  *lo = l;
+  *hi = h;
+}
 
 #if defined(__x86_64__) && defined(__GNUC__)
 
@@ -30,21 +58,30 @@ WTNMT_AVX_VNNI inline __attribute__((always_inline)) void dpbusd(__m256i& acc, _
   asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
 }
 
+// One row's step of a tile: its next 4 activations (broadcast) by the weights' next group
+template <int B>
+WTNMT_AVX512_VNNI inline __attribute__((always_inline)) void row_avx512(const uint8_t* four,
+                                                                        __m512i w0, __m512i w1,
+                                                                        __m512i& c0, __m512i& c1) {
+  int32_t x;
+  std::memcpy(&x, four, 4);
+  const __m512i xv = _mm512_set1_epi32(x);
+  dpbusd(c0, xv, w0);
+  if constexpr (B > 1) dpbusd(c1, xv, w1);
+}
+
+WTNMT_AVX_VNNI inline __attribute__((always_inline)) void row_avx2(const uint8_t* four, __m256i w0,
+                                                                   __m256i w1, __m256i& c0,
+                                                                   __m256i& c1) {
+  int32_t x;
+  std::memcpy(&x, four, 4);
+  const __m256i xv = _mm256_set1_epi32(x);
+  dpbusd(c0, xv, w0);
+  dpbusd(c1, xv, w1);
+}
+
 WTNMT_AVX512_VNNI inline void range_avx512(const float* x, int64_t n, float* lo, float* hi) {
-  __m512 a = _mm512_set1_ps(x[0]), b = a;
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 v = _mm512_loadu_ps(x + i);
-    a = _mm512_min_ps(a, v);
-    b = _mm512_max_ps(b, v);
-  }
-  float l = _mm512_reduce_min_ps(a), h = _mm512_reduce_max_ps(b);
-  for (; i < n; ++i) {
-    l = std::min(l, x[i]);
-    h = std::max(h, x[i]);
-  }
-  *lo = l;
-  *hi = h;
+  range_lanes<16>(x, n, lo, hi);
 }
 
 WTNMT_AVX512_VNNI inline void quantize_avx512(const float* x, int64_t rows, int64_t in,
@@ -80,29 +117,10 @@ WTNMT_AVX512_VNNI inline void tile_avx512(const uint8_t* q, int64_t width, const
   for (int64_t g = 0; g < w.groups; ++g) {
     const __m512i w0 = _mm512_loadu_si512(block + g * 64);
     const __m512i w1 = B > 1 ? _mm512_loadu_si512(next + g * 64) : w0;
-    int32_t four;
-    std::memcpy(&four, q + g * 4, 4);
-    __m512i x = _mm512_set1_epi32(four);
-    dpbusd(c00, x, w0);
-    if constexpr (B > 1) dpbusd(c01, x, w1);
-    if constexpr (R > 1) {
-      std::memcpy(&four, q1 + g * 4, 4);
-      x = _mm512_set1_epi32(four);
-      dpbusd(c10, x, w0);
-      if constexpr (B > 1) dpbusd(c11, x, w1);
-    }
-    if constexpr (R > 2) {
-      std::memcpy(&four, q2 + g * 4, 4);
-      x = _mm512_set1_epi32(four);
-      dpbusd(c20, x, w0);
-      if constexpr (B > 1) dpbusd(c21, x, w1);
-    }
-    if constexpr (R > 3) {
-      std::memcpy(&four, q3 + g * 4, 4);
-      x = _mm512_set1_epi32(four);
-      dpbusd(c30, x, w0);
-      if constexpr (B > 1) dpbusd(c31, x, w1);
-    }
+    row_avx512<B>(q + g * 4, w0, w1, c00, c01);
+    if constexpr (R > 1) row_avx512<B>(q1 + g * 4, w0, w1, c10, c11);
+    if constexpr (R > 2) row_avx512<B>(q2 + g * 4, w0, w1, c20, c21);
+    if constexpr (R > 3) row_avx512<B>(q3 + g * 4, w0, w1, c30, c31);
   }
   const __m512i acc[4][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}};
   const __m512i zero = _mm512_set1_epi32(a.zero);
@@ -147,27 +165,7 @@ WTNMT_AVX512_VNNI inline void product_avx512(const uint8_t* q, int64_t rows, int
 }
 
 WTNMT_AVX_VNNI inline void range_avx2(const float* x, int64_t n, float* lo, float* hi) {
-  __m256 a = _mm256_set1_ps(x[0]), b = a;
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 v = _mm256_loadu_ps(x + i);
-    a = _mm256_min_ps(a, v);
-    b = _mm256_max_ps(b, v);
-  }
-  float la[8], ha[8];
-  _mm256_storeu_ps(la, a);
-  _mm256_storeu_ps(ha, b);
-  float l = la[0], h = ha[0];
-  for (int j = 1; j < 8; ++j) {
-    l = std::min(l, la[j]);
-    h = std::max(h, ha[j]);
-  }
-  for (; i < n; ++i) {
-    l = std::min(l, x[i]);
-    h = std::max(h, x[i]);
-  }
-  *lo = l;
-  *hi = h;
+  range_lanes<8>(x, n, lo, hi);
 }
 
 WTNMT_AVX_VNNI inline void quantize_avx2(const float* x, int64_t rows, int64_t in, int64_t width,
@@ -206,29 +204,10 @@ WTNMT_AVX_VNNI inline void tile_avx2(const uint8_t* q, int64_t width, const Int8
   for (int64_t g = 0; g < w.groups; ++g) {
     const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + g * 64));
     const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + g * 64 + 32));
-    int32_t four;
-    std::memcpy(&four, q + g * 4, 4);
-    __m256i x = _mm256_set1_epi32(four);
-    dpbusd(c00, x, w0);
-    dpbusd(c01, x, w1);
-    if constexpr (R > 1) {
-      std::memcpy(&four, q1 + g * 4, 4);
-      x = _mm256_set1_epi32(four);
-      dpbusd(c10, x, w0);
-      dpbusd(c11, x, w1);
-    }
-    if constexpr (R > 2) {
-      std::memcpy(&four, q2 + g * 4, 4);
-      x = _mm256_set1_epi32(four);
-      dpbusd(c20, x, w0);
-      dpbusd(c21, x, w1);
-    }
-    if constexpr (R > 3) {
-      std::memcpy(&four, q3 + g * 4, 4);
-      x = _mm256_set1_epi32(four);
-      dpbusd(c30, x, w0);
-      dpbusd(c31, x, w1);
-    }
+    row_avx2(q + g * 4, w0, w1, c00, c01);
+    if constexpr (R > 1) row_avx2(q1 + g * 4, w0, w1, c10, c11);
+    if constexpr (R > 2) row_avx2(q2 + g * 4, w0, w1, c20, c21);
+    if constexpr (R > 3) row_avx2(q3 + g * 4, w0, w1, c30, c31);
   }
   const __m256i acc[4][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}};
   const __m256i zero = _mm256_set1_epi32(a.zero);

@@ -41,7 +41,7 @@ def own_int8_lanes(hardware: int) -> int | None:
     with: 16 (AVX512-VNNI), 8 (AVX-VNNI), 0 (portable C++: slow, for tests) or None
     (PyTorch's quantized::linear_dynamic). ``hardware``: the widest this CPU runs (the
     extension's ``int8_lanes()``). ``WTNMT_NATIVE_INT8``: ``auto`` (the default) takes the
-    widest VNNI build the CPU has (in decoding it ran 1.13-1.19x as fast as FBGEMM's product
+    widest VNNI build the CPU has (in decoding it ran 1.12-1.19x as fast as FBGEMM's product
     with AVX512-VNNI, and as fast as it or faster where FBGEMM has only AVX2 kernels:
     docs/BENCHMARKS.md), None without VNNI; ``own`` the widest build there is, the portable
     one too; ``library`` None. Held, as the tests emulate older CPUs (tests/isa_ladder.py),
