@@ -145,9 +145,11 @@ def test_the_translator_says_who_multiplies(run, products, monkeypatch):
     margins are known: test_native_engine.py)."""
     monkeypatch.setenv("WTNMT_NATIVE_INT8", products)
     native = Translator.load(run, engine="native", quantize="int8")
+    lanes = native_network.own_int8_lanes(EXT.int8_lanes())  # (held where the ladder holds)
+    assert (lanes is None) == (products == "library")
+    assert native.network.int8_lanes == lanes  # what the engine multiplies with
     builds = {16: "avx512-vnni", 8: "avx-vnni", 0: "portable"}
-    expected = f"int8.h-{builds[BUILDS[-1]]}" if products == "own" else int8_kernels()
-    assert native.int8_product == expected
+    assert native.int8_product == (int8_kernels() if lanes is None else f"int8.h-{builds[lanes]}")
     assert Translator.load(run, quantize="int8").int8_product == int8_kernels()  # (PyTorch)
     sources = [sentence(i, 3 + i % 4) for i in range(6)]
     assert len(native.translate(sources, beam=3)) == len(sources)
