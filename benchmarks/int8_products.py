@@ -50,9 +50,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     ext = extension(print)
-    builds = [lanes for lanes in (16, 8) if lanes <= ext.int8_lanes()]
-    if 8 in builds and "avx_vnni" not in cpu_description()["flags"]:
-        builds.remove(8)
+    builds = [lanes for lanes in ext.int8_builds() if lanes]  # (the VNNI ones)
     print(f"{cpu_description()['model']}, {args.threads} thread(s); int8.h builds: {builds}")
     libraries = [k for k in ("fbgemm", "onednn") if _multiplies(k)]
     header = ["rows", "in→out", "what", *libraries, *(f"own {b}" for b in builds)]

@@ -29,9 +29,8 @@ from wtnmt.runtime import cpu_description
 pytestmark = pytest.mark.skipif(not int8_available(), reason="this PyTorch build has no int8")
 
 EXT = extension()
-AVX_VNNI = "avx_vnni" in cpu_description()["flags"]
-# the builds this CPU runs: 0 (portable) everywhere, 8 with AVX-VNNI, 16 with AVX512-VNNI
-BUILDS = [0, *(n for n in (8, 16) if n <= EXT.int8_lanes() and (n != 8 or AVX_VNNI))]
+# the builds this CPU runs: 16 with AVX512-VNNI, 8 with AVX-VNNI, 0 (portable) everywhere
+BUILDS = EXT.int8_builds()
 SHAPES = [(1, 5, 3), (3, 37, 17), (5, 64, 33), (13, 130, 300), (32, 256, 40)]  # rows, in, out
 
 
@@ -85,10 +84,13 @@ def test_8_bit_weights_take_the_widest_products_without_saturating():
 
 def test_a_build_this_cpu_cannot_run_is_refused():
     weight = torch.ones(2, 4, dtype=torch.int8)
-    if EXT.int8_lanes() < 16:
+    flags = cpu_description()["flags"]
+    assert (16 in BUILDS) == ("avx512_vnni" in flags) and (8 in BUILDS) == ("avx_vnni" in flags)
+    assert BUILDS[-1] == 0 and BUILDS == sorted(BUILDS, reverse=True)
+    if 16 not in BUILDS:
         with pytest.raises(RuntimeError, match="AVX512-VNNI"):
             EXT.Int8Weight(weight, torch.ones(2), None, 16)
-    if not AVX_VNNI:
+    if 8 not in BUILDS:
         with pytest.raises(RuntimeError, match="AVX-VNNI"):
             EXT.Int8Weight(weight, torch.ones(2), None, 8)
     with pytest.raises(RuntimeError, match="0, 8 or 16"):
@@ -100,35 +102,34 @@ AVX_VNNI_CPU = ["avx2", "avx_vnni"]
 
 
 @pytest.mark.parametrize(
-    ("flags", "hardware", "env", "lanes"),
+    ("flags", "builds", "env", "lanes"),
     [
-        (AVX512_VNNI_CPU, 16, {}, 16),
-        (AVX512_VNNI_CPU, 16, {"WTNMT_NATIVE_INT8": "library"}, None),
-        (AVX512_VNNI_CPU, 16, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}, None),  # held below VNNI
-        ([*AVX512_VNNI_CPU, "avx_vnni"], 16, {"ATEN_CPU_CAPABILITY": "avx2"}, 8),
-        ([*AVX512_VNNI_CPU, "avx_vnni"], 16, {"ONEDNN_MAX_CPU_ISA": "AVX2_VNNI"}, 8),
-        (AVX512_VNNI_CPU, 16, {"ATEN_CPU_CAPABILITY": "avx2"}, None),  # (no AVX-VNNI)
-        (AVX_VNNI_CPU, 8, {}, 8),  # an E-core Xeon: FBGEMM's AVX2 kernels, int8.h's VNNI
-        (AVX_VNNI_CPU, 8, {"WTNMT_NATIVE_INT8": "library"}, None),
-        (AVX_VNNI_CPU, 8, {"ONEDNN_MAX_CPU_ISA": "AVX2"}, None),  # held below VNNI
-        (AVX_VNNI_CPU, 8, {"ONEDNN_MAX_CPU_ISA": "AVX2", "WTNMT_NATIVE_INT8": "own"}, 0),
-        (AVX_VNNI_CPU, 8, {"ATEN_CPU_CAPABILITY": "default", "WTNMT_NATIVE_INT8": "own"}, 0),
-        (["avx2"], 0, {}, None),
-        (["avx2"], 0, {"WTNMT_NATIVE_INT8": " OWN "}, 0),
+        (AVX512_VNNI_CPU, [16, 0], {}, 16),
+        (AVX512_VNNI_CPU, [16, 0], {"WTNMT_NATIVE_INT8": "library"}, None),
+        (AVX512_VNNI_CPU, [16, 0], {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}, None),  # held below VNNI
+        ([*AVX512_VNNI_CPU, "avx_vnni"], [16, 8, 0], {"ATEN_CPU_CAPABILITY": "avx2"}, 8),
+        ([*AVX512_VNNI_CPU, "avx_vnni"], [16, 8, 0], {"ONEDNN_MAX_CPU_ISA": "AVX2_VNNI"}, 8),
+        (AVX512_VNNI_CPU, [16, 0], {"ATEN_CPU_CAPABILITY": "avx2"}, None),  # (no AVX-VNNI)
+        (AVX_VNNI_CPU, [8, 0], {}, 8),  # an E-core Xeon: FBGEMM's AVX2 kernels, int8.h's VNNI
+        (AVX_VNNI_CPU, [8, 0], {"WTNMT_NATIVE_INT8": "library"}, None),
+        (AVX_VNNI_CPU, [8, 0], {"ONEDNN_MAX_CPU_ISA": "AVX2"}, None),  # held below VNNI
+        (AVX_VNNI_CPU, [8, 0], {"ONEDNN_MAX_CPU_ISA": "AVX2", "WTNMT_NATIVE_INT8": "own"}, 0),
+        (AVX_VNNI_CPU, [8, 0], {"ATEN_CPU_CAPABILITY": "default", "WTNMT_NATIVE_INT8": "own"}, 0),
+        (["avx2"], [0], {}, None),
+        (["avx2"], [0], {"WTNMT_NATIVE_INT8": " OWN "}, 0),
     ],
 )
-def test_the_build_the_engine_takes(flags, hardware, env, lanes, monkeypatch):
+def test_the_build_the_engine_takes(flags, builds, env, lanes, monkeypatch):
     for name in ("WTNMT_NATIVE_INT8", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
                  "DNNL_MAX_CPU_ISA"):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     described = {**cpu_description(), "flags": flags}
-    monkeypatch.setattr(packed, "cpu_description", lambda: described)
-    monkeypatch.setattr(native_network, "cpu_description", lambda: described)
+    monkeypatch.setattr(packed, "cpu_description", lambda: described)  # (onednn_vnni's)
     packed.int8_narrow_weights.cache_clear()
     try:
-        assert native_network.own_int8_lanes(hardware) == lanes
+        assert native_network.own_int8_lanes(builds) == lanes
     finally:
         packed.int8_narrow_weights.cache_clear()
 
@@ -145,7 +146,7 @@ def test_the_translator_says_who_multiplies(run, products, monkeypatch):
     margins are known: test_native_engine.py)."""
     monkeypatch.setenv("WTNMT_NATIVE_INT8", products)
     native = Translator.load(run, engine="native", quantize="int8")
-    lanes = native_network.own_int8_lanes(EXT.int8_lanes())  # (held where the ladder holds)
+    lanes = native_network.own_int8_lanes(BUILDS)  # (held where the ladder holds)
     assert (lanes is None) == (products == "library")
     assert native.network.int8_lanes == lanes  # what the engine multiplies with
     builds = {16: "avx512-vnni", 8: "avx-vnni", 0: "portable"}
@@ -158,7 +159,7 @@ def test_the_translator_says_who_multiplies(run, products, monkeypatch):
 def test_a_value_it_does_not_know_is_one_line(run, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WTNMT_NATIVE_INT8", "fast")
     with pytest.raises(NativeUnavailable, match="WTNMT_NATIVE_INT8='fast'"):
-        native_network.own_int8_lanes(16)
+        native_network.own_int8_lanes(BUILDS)
     source = tmp_path / "in.txt"
     source.write_text(sentence(0, 4) + "\n")
     code = cli(["translate", str(run), "-i", str(source), "--engine", "native",

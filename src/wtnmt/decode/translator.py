@@ -157,11 +157,9 @@ class Translator:
         if kernels is None or self.engine != "native":
             return kernels
         from wtnmt.decode.native import extension
-        from wtnmt.decode.native.network import own_int8_lanes
+        from wtnmt.decode.native.network import int8_product_name, own_int8_lanes
 
-        lanes = own_int8_lanes(extension().int8_lanes())
-        builds = {16: "avx512-vnni", 8: "avx-vnni", 0: "portable"}
-        return kernels if lanes is None else f"int8.h-{builds[lanes]}"
+        return int8_product_name(own_int8_lanes(extension().int8_builds()), kernels)
 
     @property
     def int8_weight_bits(self) -> int | None:

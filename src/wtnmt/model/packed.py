@@ -282,18 +282,29 @@ def int8_narrow_weights(kernels: str = "fbgemm") -> bool:
     lines as float32's), 7-bit activations 40.09 (796), float32 40.24.
     Follows what the library may run: FBGEMM held below VNNI by ``FBGEMM_ENABLE_INSTRUCTIONS``,
     oneDNN by ``ONEDNN_MAX_CPU_ISA`` (as the tests emulate older CPUs: tests/isa_ladder.py)."""
-    flags = cpu_description()["flags"]
     if kernels == "onednn":
-        limit = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
-        limit = limit.strip().upper()
-        if limit in _ONEDNN_BELOW_VNNI:
-            return True
-        avx512 = "avx512_vnni" in flags and limit not in _ONEDNN_AVX_VNNI
-        avx = "avx_vnni" in flags and limit in (*_ONEDNN_AVX_VNNI, "", "ALL", "DEFAULT")
-        return not (avx512 or avx)
-    if "avx512_vnni" not in flags:
+        return onednn_vnni() is None
+    if "avx512_vnni" not in cpu_description()["flags"]:
         return True
     return os.environ.get("FBGEMM_ENABLE_INSTRUCTIONS", "").upper() in _FBGEMM_BELOW_VNNI
+
+
+def onednn_vnni() -> Literal["avx512", "avx"] | None:
+    """Which VNNI oneDNN's int8 kernels reach on this CPU under ``ONEDNN_MAX_CPU_ISA`` (or
+    ``DNNL_MAX_CPU_ISA``): ``"avx512"`` (AVX512-VNNI, unless held to AVX-VNNI), ``"avx"``
+    (AVX-VNNI, when unset or held there) or None (no VNNI, or held below it). The native
+    engine's own int8 kernel follows it too (decode/native/network.py), as the tests emulate
+    older CPUs by it."""
+    flags = cpu_description()["flags"]
+    limit = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
+    limit = limit.strip().upper()
+    if limit in _ONEDNN_BELOW_VNNI:
+        return None
+    if "avx512_vnni" in flags and limit not in _ONEDNN_AVX_VNNI:
+        return "avx512"
+    if "avx_vnni" in flags and limit in (*_ONEDNN_AVX_VNNI, "", "ALL", "DEFAULT"):
+        return "avx"
+    return None
 
 
 @functools.cache
@@ -359,6 +370,7 @@ __all__ = [
     "int8_narrow_weights",
     "linear",
     "onednn_available",
+    "onednn_vnni",
     "quantize_decoding",
     "weights_generation",
     "weights_updated",

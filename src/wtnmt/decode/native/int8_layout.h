@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -30,20 +31,17 @@ struct Int8Weight {
   int lanes = 0;              // the build that multiplies: 16, 8 or 0 (portable)
 };
 
-inline bool cpu_avx_vnni() {
+// The builds of the int8 kernel this CPU runs, widest first: 16 (AVX512-VNNI), 8 (AVX-VNNI;
+// VEX-encoded, which a CPU with AVX512-VNNI alone lacks) and 0 (portable) everywhere
+inline std::vector<int> int8_builds() {
+  std::vector<int> builds;
 #if defined(__x86_64__) && defined(__GNUC__)
-  return __builtin_cpu_supports("avxvnni");
-#else
-  return false;
+  if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw"))
+    builds.push_back(16);
+  if (__builtin_cpu_supports("avxvnni")) builds.push_back(8);
 #endif
-}
-
-// The widest build of the int8 kernel this CPU runs: 16 (AVX512-VNNI), 8 (AVX-VNNI) or 0
-inline int int8_lanes() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw")) return 16;
-#endif
-  return cpu_avx_vnni() ? 8 : 0;
+  builds.push_back(0);
+  return builds;
 }
 
 // Lays out q (int8 [out, in]) with its per-output scales and bias for int8_product.
@@ -51,7 +49,8 @@ inline Int8Weight int8_weight(const Tensor& q, const Tensor& scale,
                               const std::optional<Tensor>& bias, int lanes) {
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar, "int8 weights: int8 [out, in]");
   TORCH_CHECK(lanes == 0 || lanes == 8 || lanes == 16, "int8 kernels: 0, 8 or 16 lanes");
-  TORCH_CHECK(lanes <= int8_lanes() && (lanes != 8 || cpu_avx_vnni()),
+  const std::vector<int> builds = int8_builds();
+  TORCH_CHECK(std::find(builds.begin(), builds.end(), lanes) != builds.end(),
               "int8 kernels: this CPU has no ", lanes == 8 ? "AVX-VNNI" : "AVX512-VNNI");
   Int8Weight w;
   w.out = q.size(0);

@@ -21,33 +21,28 @@ from wtnmt.decode.native import NativeUnavailable, extension
 from wtnmt.decode.search import PENALTY_FORMS, Hypothesis, _limits, greedy_hypotheses
 from wtnmt.model.attention import MultiHeadAttention
 from wtnmt.model.branched import BranchedAttention
-from wtnmt.model.packed import (
-    _ONEDNN_AVX_VNNI,
-    PackedLinear,
-    decoding_mode,
-    int8_narrow_weights,
-    onednn_available,
-)
+from wtnmt.model.packed import PackedLinear, decoding_mode, onednn_available, onednn_vnni
 from wtnmt.model.speed import fast_paths
-from wtnmt.runtime import cpu_description
 from wtnmt.special import BOS, EOS
 
 ONEDNN, INT8, MATMUL, OWN_INT8 = 0, 1, 2, 3  # engine.cpp's kinds of product
 INT8_PRODUCTS = ("auto", "own", "library")  # WTNMT_NATIVE_INT8: the fused engine's int8
 
 
-def own_int8_lanes(hardware: int) -> int | None:
+INT8_BUILDS = {16: "avx512-vnni", 8: "avx-vnni", 0: "portable"}  # int8.h's builds, by lanes
+
+
+def own_int8_lanes(builds: list[int]) -> int | None:
     """The build of int8.h's kernel the fused native engine multiplies its int8 products
     with: 16 (AVX512-VNNI), 8 (AVX-VNNI), 0 (portable C++: slow, for tests) or None
-    (PyTorch's quantized::linear_dynamic). ``hardware``: the widest this CPU runs (the
-    extension's ``int8_lanes()``). ``WTNMT_NATIVE_INT8``: ``auto`` (the default) takes the
-    widest VNNI build the CPU has (in decoding it ran 1.12-1.19x as fast as FBGEMM's product
-    with AVX512-VNNI, and as fast as it or faster where FBGEMM has only AVX2 kernels:
-    docs/BENCHMARKS.md), None without VNNI; ``own`` the widest build there is, the portable
-    one too; ``library`` None. Held, as the tests emulate older CPUs (tests/isa_ladder.py),
-    where ``ATEN_CPU_CAPABILITY`` holds the float kernels (avx2: 8 at most; default: no
-    VNNI) and where ``ONEDNN_MAX_CPU_ISA`` holds oneDNN (below VNNI: none; AVX2_VNNI: 8 at
-    most)."""
+    (PyTorch's quantized::linear_dynamic). ``builds``: those this CPU runs (the extension's
+    ``int8_builds()``). ``WTNMT_NATIVE_INT8``: ``auto`` (the default) takes the widest VNNI
+    build (in decoding it ran 1.12-1.19x as fast as FBGEMM's product with AVX512-VNNI, and
+    as fast as it or faster where FBGEMM has only AVX2 kernels: docs/BENCHMARKS.md), None
+    without VNNI; ``own`` the widest build there is, the portable one too; ``library`` None.
+    Held, as the tests emulate older CPUs (tests/isa_ladder.py), to the VNNI oneDNN reaches
+    (``onednn_vnni``: ``ONEDNN_MAX_CPU_ISA``) and by ``ATEN_CPU_CAPABILITY``, as the float
+    kernels are (avx2: 8 lanes at most; default: no VNNI)."""
     chosen = os.environ.get("WTNMT_NATIVE_INT8", "").strip().lower() or "auto"
     if chosen not in INT8_PRODUCTS:
         raise NativeUnavailable(
@@ -56,14 +51,16 @@ def own_int8_lanes(hardware: int) -> int | None:
     if chosen == "library":
         return None
     aten = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
-    limit = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
-    widest = 0
-    if not (aten == "default" or int8_narrow_weights("onednn")):  # (a VNNI within reach)
-        if hardware == 16 and aten != "avx2" and limit.strip().upper() not in _ONEDNN_AVX_VNNI:
-            widest = 16
-        elif hardware >= 8 and "avx_vnni" in cpu_description()["flags"]:
-            widest = 8
+    reach = {"avx512": (16, 8), "avx": (8,), None: ()}[onednn_vnni()]
+    allowed = () if aten == "default" else reach[1:] if aten == "avx2" and 16 in reach else reach
+    widest = next((lanes for lanes in builds if lanes in allowed), 0)
     return widest if chosen == "own" or widest else None
+
+
+def int8_product_name(lanes: int | None, kernels: str) -> str:
+    """What multiplies the int8 products (Translator.int8_product): int8.h's build, or the
+    library ``kernels`` names."""
+    return kernels if lanes is None else f"int8.h-{INT8_BUILDS[lanes]}"
 
 
 class NativeEngine:
@@ -88,7 +85,7 @@ class NativeEngine:
         self.model = model
         self._ext = extension(say)
         self.fused = fused
-        self.int8_lanes = own_int8_lanes(self._ext.int8_lanes())  # (None: the library's)
+        self.int8_lanes = own_int8_lanes(self._ext.int8_builds())  # (None: the library's)
         # each PackedLinear's int8 weights laid out for int8.h: (the packed copy, its layout)
         self._own: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
