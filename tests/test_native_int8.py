@@ -153,7 +153,44 @@ def test_the_translator_says_who_multiplies(run, products, monkeypatch):
     assert native.int8_product == (int8_kernels() if lanes is None else f"int8.h-{builds[lanes]}")
     assert Translator.load(run, quantize="int8").int8_product == int8_kernels()  # (PyTorch)
     sources = [sentence(i, 3 + i % 4) for i in range(6)]
-    assert len(native.translate(sources, beam=3)) == len(sources)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        assert len(native.translate(sources, beam=3)) == len(sources)
+    calls = {e.key: e.count for e in prof.key_averages()}
+    # the encoder's products (and the cross-attention's keys and values) too: every one of them
+    # on int8.h where the search's are, none where the library multiplies
+    library, own = calls.get("quantized::linear_dynamic", 0), calls.get("wtnmt::int8_product", 0)
+    if lanes is None:
+        assert library > 0 and own == 0
+    else:
+        assert library == 0 and own > 0
+
+
+def test_outside_the_native_search_int8_multiplies_in_the_library(run):
+    """int8_multiplier holds only within itself: the PyTorch engine after a native search
+    (the same model) and a multiplier that raises, left by the exception, do not leak."""
+    native = Translator.load(run, engine="native", quantize="int8")
+    model = native.model
+    src = torch.tensor([[4, 5, 6, 7, 3]])
+
+    def encode() -> torch.Tensor:
+        with torch.inference_mode():
+            return model.encode(src).memories[-1]
+
+    before = encode()
+    native.translate([sentence(0, 4)])
+    calls = []
+
+    def multiply(linear, x, packed_weight):  # type: ignore[no-untyped-def]
+        calls.append(x.shape)
+        raise RuntimeError("inside")
+
+    with pytest.raises(RuntimeError, match="inside"), packed.int8_multiplier(multiply):
+        encode()
+    assert len(calls) == 1
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        after = encode()
+    assert torch.equal(before, after)
+    assert "wtnmt::int8_product" not in {e.key for e in prof.key_averages()}
 
 
 def test_a_value_it_does_not_know_is_one_line(run, tmp_path, monkeypatch, capsys):

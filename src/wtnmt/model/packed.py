@@ -30,17 +30,19 @@ the build has no FBGEMM, as aarch64's), which use AMX where the CPU has it and F
 and AVX-VNNI where it has that without AVX-512; on an AMD CPU with AVX-512 VNNI the native
 engine's int8 search ran 0.77× (greedy) and 0.88× (beam 5) as fast on them
 (docs/BENCHMARKS.md). Where the CPU has VNNI the native engine multiplies the int8 values and
-scales packed here in a kernel of its own (decode/native/int8.h, the same quantisation).
+scales packed here in a kernel of its own (decode/native/int8.h, the same quantisation), the
+encoder's through ``int8_multiplier``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import os
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 import torch
@@ -113,7 +115,11 @@ class PackedLinear:
         packed = self.prepared(weight, bias, rows=rows, key=key)
         flat = x.reshape(-1, x.size(-1))
         if self.int8:
-            out = torch.ops.quantized.linear_dynamic(flat, packed, False)  # 8-bit activations
+            own = _int8_multiplier.get()
+            if own is not None:  # (another kernel on the same packed weights: int8_multiplier)
+                out = own(self, flat, packed)
+            else:
+                out = torch.ops.quantized.linear_dynamic(flat, packed, False)  # 8-bit activations
         else:
             out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
         return out.view(*x.shape[:-1], out.size(-1))
@@ -147,6 +153,24 @@ class PackedLinear:
 
     def __getstate__(self) -> dict:
         return {"_key": None, "_packed": None, "int8": self.int8}
+
+
+Int8Multiplier = Callable[[PackedLinear, Tensor, object], Tensor]
+_int8_multiplier: contextvars.ContextVar[Int8Multiplier | None] = contextvars.ContextVar(
+    "int8_multiplier", default=None
+)
+
+
+@contextlib.contextmanager
+def int8_multiplier(multiply: Int8Multiplier | None) -> Iterator[None]:
+    """Within it (in this thread), every int8 PackedLinear multiplies by ``multiply(linear,
+    x [rows, in], packed)`` instead of ``quantized::linear_dynamic(x, packed)``: the native
+    engine's own kernel, on the same packed int8 weights, in the encoder (decode/native)."""
+    token = _int8_multiplier.set(multiply)
+    try:
+        yield
+    finally:
+        _int8_multiplier.reset(token)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -367,6 +391,7 @@ __all__ = [
     "decoding_mode",
     "int8_available",
     "int8_kernels",
+    "int8_multiplier",
     "int8_narrow_weights",
     "linear",
     "onednn_available",

@@ -357,8 +357,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              return std::make_shared<Int8Weight>(int8_weight(q, scale, bias, lanes));
            }),
            py::arg("q"), py::arg("scale"), py::arg("bias"), py::arg("lanes"))
-      .def("__call__", [](const Int8Weight& w, const Tensor& x) { return int8_product(x, w); },
-           py::call_guard<py::gil_scoped_release>());
+      .def(
+          "__call__",
+          [](const Int8Weight& w, const Tensor& x) {  // (the encoder's: decode/native/network.py)
+            RECORD_FUNCTION("wtnmt::int8_product", std::vector<c10::IValue>({x}));
+            return int8_product(x, w);
+          },
+          py::call_guard<py::gil_scoped_release>());
   m.def("int8_builds", &int8_builds, "the builds of the int8 kernel this CPU runs, widest first");
   py::class_<Layer>(m, "Layer")
       .def(py::init([](int cross_kind, int64_t self_heads, int64_t self_dk, int64_t cross_heads,

@@ -49,8 +49,9 @@ inline Tensor int8_product(const Tensor& input, const Int8Weight& w) {
     a = choose_activations(lo, hi);
     quantize_portable(xp, rows, w.in, width, a, q);
   }
-  // blocks shared among the threads, in pairs (the AVX512-VNNI tile's); one thread where the
-  // whole product is under ~256k multiply-adds (a parallel region's start costs more)
+  // blocks shared among the threads, as many at a time as the AVX512-VNNI tile takes (pairs on
+  // the others); one thread where the whole product is under ~256k multiply-adds (a parallel
+  // region's start costs more)
   const int64_t unit = w.lanes == 16 ? BLOCKS512 : 2;
   const int64_t units = (w.blocks + unit - 1) / unit;
   const int64_t grain =

@@ -8,10 +8,11 @@
 
 namespace wtnmt_native {
 
-// The register tiles: rows × blocks of 16 outputs, 8 accumulators in each build (of 32 zmm,
-// of 16 ymm); wider tiles (8 × 2, 4 × 4, 6 × 4; 6 rows of AVX-VNNI) measured no faster, but
-// that was before dpbusd below (GCC's register moves then): not measured again since
-constexpr int ROWS512 = 4, BLOCKS512 = 2, ROWS256 = 4;
+// The register tiles: rows × blocks of 16 outputs. AVX512-VNNI: 4 × 4, 16 accumulators of 32
+// zmm (on a Zen 4, one thread, int8_products.py: at 160 rows 1.31-1.60× FBGEMM's speed where
+// 4 × 2 read 1.21-1.44×; the tile alone, 4 × 4 and 8 × 2 ran 5-9 % faster than 4 × 2, and
+// 6 × 3, 6 × 4 and 8 × 3 gained no more on the whole); AVX-VNNI: 4 × 1, 8 accumulators of 16 ymm
+constexpr int ROWS512 = 4, BLOCKS512 = 4, ROWS256 = 4;
 
 // The smallest and largest of n floats, W at a time (vectors.h's vectors: one build for each
 // instruction set, as the wrappers below are compiled)
@@ -58,16 +59,19 @@ WTNMT_AVX_VNNI inline __attribute__((always_inline)) void dpbusd(__m256i& acc, _
   asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
 }
 
-// One row's step of a tile: its next 4 activations (broadcast) by the weights' next group
+// One row's step of a tile: its next 4 activations (broadcast) by the weights' next group, in
+// each of the tile's B blocks
 template <int B>
-WTNMT_AVX512_VNNI inline __attribute__((always_inline)) void row_avx512(const uint8_t* four,
-                                                                        __m512i w0, __m512i w1,
-                                                                        __m512i& c0, __m512i& c1) {
+WTNMT_AVX512_VNNI inline __attribute__((always_inline)) void row_avx512(
+    const uint8_t* four, __m512i w0, __m512i w1, __m512i w2, __m512i w3, __m512i& c0, __m512i& c1,
+    __m512i& c2, __m512i& c3) {
   int32_t x;
   std::memcpy(&x, four, 4);
   const __m512i xv = _mm512_set1_epi32(x);
   dpbusd(c0, xv, w0);
   if constexpr (B > 1) dpbusd(c1, xv, w1);
+  if constexpr (B > 2) dpbusd(c2, xv, w2);
+  if constexpr (B > 3) dpbusd(c3, xv, w3);
 }
 
 WTNMT_AVX_VNNI inline __attribute__((always_inline)) void row_avx2(const uint8_t* four, __m256i w0,
@@ -106,23 +110,32 @@ WTNMT_AVX512_VNNI inline void quantize_avx512(const float* x, int64_t rows, int6
 template <int R, int B>
 WTNMT_AVX512_VNNI inline void tile_avx512(const uint8_t* q, int64_t width, const Int8Weight& w,
                                           Activations a, int64_t b0, float* y) {
-  // the accumulators as named variables (in an array, GCC kept them in memory), rows r, blocks j
-  __m512i c00 = _mm512_setzero_si512(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
-          c30 = c00, c31 = c00;
-  const int8_t* block = w.q.data() + b0 * w.groups * 64;
-  const int8_t* next = block + (B > 1 ? w.groups * 64 : 0);
+  // the accumulators as named variables (in an array, GCC kept them in memory): row r, block j
+  const __m512i z = _mm512_setzero_si512();
+  __m512i c00 = z, c01 = z, c02 = z, c03 = z, c10 = z, c11 = z, c12 = z, c13 = z, c20 = z,
+          c21 = z, c22 = z, c23 = z, c30 = z, c31 = z, c32 = z, c33 = z;
+  const int64_t stride = w.groups * 64;  // from one block's weights to the next's
+  const int8_t* block = w.q.data() + b0 * stride;
   const uint8_t* q1 = q + (R > 1 ? width : 0);
   const uint8_t* q2 = q + (R > 2 ? 2 * width : 0);
   const uint8_t* q3 = q + (R > 3 ? 3 * width : 0);
   for (int64_t g = 0; g < w.groups; ++g) {
-    const __m512i w0 = _mm512_loadu_si512(block + g * 64);
-    const __m512i w1 = B > 1 ? _mm512_loadu_si512(next + g * 64) : w0;
-    row_avx512<B>(q + g * 4, w0, w1, c00, c01);
-    if constexpr (R > 1) row_avx512<B>(q1 + g * 4, w0, w1, c10, c11);
-    if constexpr (R > 2) row_avx512<B>(q2 + g * 4, w0, w1, c20, c21);
-    if constexpr (R > 3) row_avx512<B>(q3 + g * 4, w0, w1, c30, c31);
+    const int8_t* here = block + g * 64;
+    const __m512i w0 = _mm512_loadu_si512(here);
+    const __m512i w1 = B > 1 ? _mm512_loadu_si512(here + stride) : w0;
+    const __m512i w2 = B > 2 ? _mm512_loadu_si512(here + 2 * stride) : w0;
+    const __m512i w3 = B > 3 ? _mm512_loadu_si512(here + 3 * stride) : w0;
+    row_avx512<B>(q + g * 4, w0, w1, w2, w3, c00, c01, c02, c03);
+    if constexpr (R > 1) row_avx512<B>(q1 + g * 4, w0, w1, w2, w3, c10, c11, c12, c13);
+    if constexpr (R > 2) row_avx512<B>(q2 + g * 4, w0, w1, w2, w3, c20, c21, c22, c23);
+    if constexpr (R > 3) row_avx512<B>(q3 + g * 4, w0, w1, w2, w3, c30, c31, c32, c33);
+    // the weights held to the step's end: else GCC gave the last row's accumulators the
+    // registers of weights just used up, and moved them back and forth at each step (a single
+    // row's tile has no such moves, and loaded its weights twice for this)
+    if constexpr (R > 1) asm("" : : "v"(w0), "v"(w1), "v"(w2), "v"(w3));
   }
-  const __m512i acc[4][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}};
+  const __m512i acc[4][4] = {
+      {c00, c01, c02, c03}, {c10, c11, c12, c13}, {c20, c21, c22, c23}, {c30, c31, c32, c33}};
   const __m512i zero = _mm512_set1_epi32(a.zero);
   const __m512 sx = _mm512_set1_ps(a.scale);
   for (int j = 0; j < B; ++j) {
@@ -161,7 +174,11 @@ WTNMT_AVX512_VNNI inline void product_avx512(const uint8_t* q, int64_t rows, int
                                              int64_t b1, float* y) {
   int64_t b = b0;
   for (; b + BLOCKS512 <= b1; b += BLOCKS512) rows_avx512<BLOCKS512>(q, rows, width, w, a, b, y);
-  for (; b < b1; ++b) rows_avx512<1>(q, rows, width, w, a, b, y);
+  switch (b1 - b) {  // the blocks left over (at most BLOCKS512 - 1)
+    case 3: return rows_avx512<3>(q, rows, width, w, a, b, y);
+    case 2: return rows_avx512<2>(q, rows, width, w, a, b, y);
+    case 1: return rows_avx512<1>(q, rows, width, w, a, b, y);
+  }
 }
 
 WTNMT_AVX_VNNI inline void range_avx2(const float* x, int64_t n, float* lo, float* hi) {

@@ -21,7 +21,13 @@ from wtnmt.decode.native import NativeUnavailable, extension
 from wtnmt.decode.search import PENALTY_FORMS, Hypothesis, _limits, greedy_hypotheses
 from wtnmt.model.attention import MultiHeadAttention
 from wtnmt.model.branched import BranchedAttention
-from wtnmt.model.packed import PackedLinear, decoding_mode, onednn_available, onednn_vnni
+from wtnmt.model.packed import (
+    PackedLinear,
+    decoding_mode,
+    int8_multiplier,
+    onednn_available,
+    onednn_vnni,
+)
 from wtnmt.model.speed import fast_paths
 from wtnmt.special import BOS, EOS
 
@@ -112,16 +118,29 @@ class NativeEngine:
     ):  # type: ignore[no-untyped-def]
         packed = linear.prepared(weight, bias, rows=rows, key=key)
         if linear.int8 and self.fused and self.int8_lanes is not None:  # (int8.h's kernel)
-            kept = self._own.get(linear)
-            if kept is None or kept[0] is not packed:
-                q, b = torch.ops.quantized.linear_unpack(packed)
-                scale = q.q_per_channel_scales().float()
-                own = self._ext.Int8Weight(q.int_repr(), scale, b, self.int8_lanes)
-                kept = self._own[linear] = (packed, own)
-            return self._ext.Product(OWN_INT8, torch.empty(0), None, kept[1])
+            return self._ext.Product(OWN_INT8, torch.empty(0), None, self._laid_out(linear, packed))
         if linear.int8:
             return self._ext.Product(INT8, torch.empty(0), None, packed)
         return self._ext.Product(ONEDNN, packed, None if bias is None else bias.detach(), None)
+
+    def _laid_out(self, linear: PackedLinear, packed: object):  # type: ignore[no-untyped-def]
+        """``linear``'s int8 weights (``packed``) laid out for int8.h's kernel, once a copy."""
+        kept = self._own.get(linear)
+        if kept is None or kept[0] is not packed:
+            q, b = torch.ops.quantized.linear_unpack(packed)
+            scale = q.q_per_channel_scales().float()
+            own = self._ext.Int8Weight(q.int_repr(), scale, b, self.int8_lanes)
+            kept = self._own[linear] = (packed, own)
+        return kept[1]
+
+    def _source(self, src: Tensor):  # type: ignore[no-untyped-def]
+        """The encoder's output and the cross-attention's keys and values, through the
+        PyTorch model; its int8 products on int8.h's kernel too where the search's are."""
+        model = self.model
+        if not (self.fused and self.int8_lanes is not None and self.quantize == "int8"):
+            return model.init_cache(model.encode(src))
+        with int8_multiplier(lambda linear, x, packed: self._laid_out(linear, packed)(x)):
+            return model.init_cache(model.encode(src))
 
     def _engine(self, rows: int):  # type: ignore[no-untyped-def]
         """The C++ engine over the model's weights as they are now (``rows``: the first
@@ -222,7 +241,7 @@ class NativeEngine:
         model = self.model
         limit = _limits(model, src, max_len_a, max_len_b, max_len)
         greedy = beam == 1 and nbest == 1
-        cache = model.init_cache(model.encode(src))  # the source side, once a batch
+        cache = self._source(src)  # the source side, once a batch
         cross_k = [c.cross_k for c in cache.layers]
         cross_v = [c.cross_v for c in cache.layers]
         bias = [c.cross_bias for c in cache.layers]
