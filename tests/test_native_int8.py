@@ -62,6 +62,24 @@ def test_every_build_is_the_simulation_and_the_builds_agree_to_the_bit(shape):
             assert torch.equal(out, outputs[0]), (lanes, seed)
 
 
+@pytest.mark.parametrize("threads", [3, 8])
+def test_the_work_split_among_more_threads_than_blocks_changes_no_bit(threads):
+    """Where the blocks of outputs are fewer than the threads, the rows are split too (in spans
+    of whole tiles, the last one short): every output as one thread computes it."""
+    before = torch.get_num_threads()
+    for rows, d_in, d_out in [(160, 256, 256), (37, 96, 40), (5, 512, 16), (161, 64, 100)]:
+        x, weight, bias = inputs(rows, d_in, d_out, rows)
+        for lanes in BUILDS:
+            own = own_weight(weight, bias, lanes)
+            torch.set_num_threads(1)
+            alone = own(x)
+            torch.set_num_threads(threads)
+            try:
+                assert torch.equal(own(x), alone), (rows, d_in, d_out, lanes)
+            finally:
+                torch.set_num_threads(before)
+
+
 def test_edge_inputs_one_row_of_zeros_all_negative_and_no_bias():
     weight = torch.randn(20, 24, generator=torch.Generator().manual_seed(1))
     how = dynamic_int8(narrow_weights=False)

@@ -50,20 +50,39 @@ inline Tensor int8_product(const Tensor& input, const Int8Weight& w) {
     quantize_portable(xp, rows, w.in, width, a, q);
   }
   // blocks shared among the threads, as many at a time as the AVX512-VNNI tile takes (pairs on
-  // the others); one thread where the whole product is under ~256k multiply-adds (a parallel
-  // region's start costs more)
+  // the others), and the rows too, in spans of whole tiles, where there are fewer such units
+  // than threads (a product as narrow as d_model on a many-core server); one thread where an
+  // item is under ~256k multiply-adds (a parallel region's start costs more). Every output is
+  // computed alike however the work is split
   const int64_t unit = w.lanes == 16 ? BLOCKS512 : 2;
   const int64_t units = (w.blocks + unit - 1) / unit;
+  const int64_t threads = at::get_num_threads();
+  int64_t chunks = units < threads ? std::min((rows + 3) / 4, (threads + units - 1) / units) : 1;
+  const int64_t span = ((rows + chunks - 1) / chunks + 3) / 4 * 4;  // rows an item takes
+  chunks = (rows + span - 1) / span;
   const int64_t grain =
-      std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(1, rows * w.in * 16 * unit));
+      std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(1, span * w.in * 16 * unit));
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, units, grain, [&](int64_t begin, int64_t end) {
-    const int64_t b0 = begin * unit, b1 = std::min(end * unit, w.blocks);
+  at::parallel_for(0, units * chunks, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end;) {  // item i: rows of span i / units, blocks of unit i % units
+      const int64_t c = i / units, u0 = i % units, u1 = std::min(units, u0 + end - i);
+      const int64_t r0 = c * span, here = std::min(rows, r0 + span) - r0;
+      const int64_t b0 = u0 * unit, b1 = std::min(u1 * unit, w.blocks);
+      const uint8_t* qc = q + r0 * width;
+      float* yc = yp + r0 * w.out;
+      i += u1 - u0;
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (w.lanes == 16) return product_avx512(q, rows, width, w, a, b0, b1, yp);
-    if (w.lanes == 8) return product_avx2(q, rows, width, w, a, b0, b1, yp);
+      if (w.lanes == 16) {
+        product_avx512(qc, here, width, w, a, b0, b1, yc);
+        continue;
+      }
+      if (w.lanes == 8) {
+        product_avx2(qc, here, width, w, a, b0, b1, yc);
+        continue;
+      }
 #endif
-    product_portable(q, rows, width, w, a, b0, b1, yp);
+      product_portable(qc, here, width, w, a, b0, b1, yc);
+    }
   });
   return y;
 }
