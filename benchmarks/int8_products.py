@@ -24,7 +24,7 @@ import torch
 
 from wtnmt.decode.native import extension
 from wtnmt.model.packed import _multiplies, pack_int8
-from wtnmt.runtime import cpu_description
+from wtnmt.runtime import machine_line
 
 SHAPES = [
     (256, 768, "q, k, v"),
@@ -58,7 +58,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     ext = extension(print)
     builds = [lanes for lanes in ext.int8_builds() if lanes]  # (the VNNI ones)
-    print(f"{cpu_description()['model']}, {args.threads} thread(s); int8.h builds: {builds}")
+    print(machine_line(args.threads))
+    print(f"int8.h builds: {builds}")
     libraries = [k for k in ("fbgemm", "onednn") if _multiplies(k)]
     header = ["rows", "in→out", "what", *libraries, *(f"own {b}" for b in builds)]
     print("| " + " | ".join(header) + " |")
