@@ -37,12 +37,11 @@ encoder's through ``int8_multiplier``.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import os
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Literal
 
 import torch
@@ -50,6 +49,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from wtnmt.errors import EngineUnavailable
+from wtnmt.model import int8_multiplier as _multiplier
+from wtnmt.model.int8_multiplier import int8_multiplier
 from wtnmt.model.speed import fast_paths
 from wtnmt.runtime import cpu_description
 
@@ -115,7 +116,7 @@ class PackedLinear:
         packed = self.prepared(weight, bias, rows=rows, key=key)
         flat = x.reshape(-1, x.size(-1))
         if self.int8:
-            own = _int8_multiplier.get()
+            own = _multiplier.current()
             if own is not None:  # (another kernel on the same packed weights: int8_multiplier)
                 out = own(self, flat, packed)
             else:
@@ -153,24 +154,6 @@ class PackedLinear:
 
     def __getstate__(self) -> dict:
         return {"_key": None, "_packed": None, "int8": self.int8}
-
-
-Int8Multiplier = Callable[[PackedLinear, Tensor, object], Tensor]
-_int8_multiplier: contextvars.ContextVar[Int8Multiplier | None] = contextvars.ContextVar(
-    "int8_multiplier", default=None
-)
-
-
-@contextlib.contextmanager
-def int8_multiplier(multiply: Int8Multiplier | None) -> Iterator[None]:
-    """Within it (in this thread), every int8 PackedLinear multiplies by ``multiply(linear,
-    x [rows, in], packed)`` instead of ``quantized::linear_dynamic(x, packed)``: the native
-    engine's own kernel, on the same packed int8 weights, in the encoder (decode/native)."""
-    token = _int8_multiplier.set(multiply)
-    try:
-        yield
-    finally:
-        _int8_multiplier.reset(token)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
