@@ -94,6 +94,7 @@ from wtnmt.decode.search import search_batch
 from wtnmt.decode.workers import SearchWorkers
 from wtnmt.export.onnx import export_graphs, graph_file, quantize_graphs
 from wtnmt.model import build_model, quantize_decoding
+from wtnmt.model.float32_kernels import float32_kernels
 from wtnmt.runtime import machine_line, tune_cpu_allocator
 
 # ------------------------------------------------------------------------------------------
@@ -220,6 +221,7 @@ def main() -> None:
             models[f"native {flavour} int8"] = NativeEngine(quantized[flavour])
     except NativeUnavailable as e:
         print(f"{e}: its entries left out", flush=True)
+    print(f"float32 products: {float32_kernels()} (WTNMT_FLOAT32_KERNELS)", flush=True)
     if args.onednn_int8 and "native weighted int8" in models:
         models[ONEDNN] = packed_for_onednn(models["weighted"], inputs[0])
     if args.library_int8 and "native weighted int8" in models:

@@ -53,8 +53,9 @@ Int8Params = torch.classes.quantized.LinearPackedParamsBase  # type: ignore[attr
 class Weights(NamedTuple):
     """The decoder's weights as the scripted searches take them. Per layer i: products
     4i … 4i+3 (self-attention's QKV and output, cross-attention's queries, the branches'
-    tail; oneDNN-packed ``float32`` with their ``biases``, or FBGEMM-packed ``int8`` with the
-    bias inside), norms 4i … 4i+3 (each residual's weight and bias), ffn 2i, 2i+1
+    tail; ``float32`` packed for oneDNN, or for MKL where ``mkl`` (model/float32_kernels.py),
+    with their ``biases``, or FBGEMM-packed ``int8`` with the bias inside), norms 4i … 4i+3
+    (each residual's weight and bias), ffn 2i, 2i+1
     (W_i = κ_i W^{O_i} W1_i and b1); the output projection last among the products."""
 
     embedding: Tensor
@@ -66,15 +67,19 @@ class Weights(NamedTuple):
     biases: list[Tensor | None]
     int8: list[Int8Params]
     heads: int
+    mkl: bool
 
 
 def linear(w: Weights, x: Tensor, i: int) -> Tensor:
     """The i-th product as PackedLinear computes it: FBGEMM's int8 (bias packed in) where
-    the weights are int8, else oneDNN's packed float32 product."""
+    the weights are int8, else the packed float32 product (MKL's or oneDNN's)."""
     if len(w.int8) > 0:
         return torch.ops.quantized.linear_dynamic(x, w.int8[i], False)  # 8-bit activations
+    bias = w.biases[i]
+    if w.mkl:  # (multiply_float32's MKL product)
+        return x.mm(w.float32[i]) if bias is None else torch.addmm(bias, x, w.float32[i])
     scalars: list[float | int | complex | None] = []  # the schema's Scalar?[]
-    return torch.ops.mkldnn._linear_pointwise(x, w.float32[i], w.biases[i], "none", scalars, "")
+    return torch.ops.mkldnn._linear_pointwise(x, w.float32[i], bias, "none", scalars, "")
 
 
 def decoder_step(
@@ -229,6 +234,7 @@ def weights(model) -> Weights:  # type: ignore[no-untyped-def]
         biases=biases,
         int8=int8,
         heads=model.decoder_layers[0].self_attn.attn.heads,
+        mkl=not output.int8 and output.kernels == "mkl",
     )
 
 

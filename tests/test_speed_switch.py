@@ -54,6 +54,8 @@ def test_plain_math_computes_what_the_fast_paths_compute(attention, monkeypatch)
         model.eval()
         with torch.no_grad():  # decoding's packed products too
             monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", refused, raising=False)
+            monkeypatch.setattr(packed, "multiply_float32", refused)  # (MKL's too)
+            monkeypatch.setattr(packed, "pack_float32", refused)
             model(torch.randint(4, 50, (2, 5)), torch.randint(4, 50, (2, 4)))
     assert fast_paths()
     torch.testing.assert_close(plain_loss, fast_loss, rtol=1e-5, atol=1e-6)

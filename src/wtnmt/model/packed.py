@@ -1,11 +1,12 @@
-"""x·Wᵀ with W prepacked for oneDNN, for inference on CPU.
+"""x·Wᵀ with W prepacked once, for inference on CPU.
 
 MKL multiplies by a row-major [out, in] weight through its transpose; oneDNN's inner product
 with the weight reordered once into its own blocked layout is markedly faster for the
-skinny activations of step-wise decoding. For the tied output projection of the ``small``
-preset ([N, 256] × [256, 8000]) on 2 CPU cores it measured 640 µs against 1,140 µs at N = 32
-and 3.5 ms against 6.4 ms at N = 160 (beam 5 × 32 sentences): that projection is the largest
-matmul of a decoding step.
+skinny activations of step-wise decoding on an AMD CPU. For the tied output projection of the
+``small`` preset ([N, 256] × [256, 8000]) on 2 cores of an EPYC it measured 640 µs against
+1,140 µs at N = 32 and 3.5 ms against 6.4 ms at N = 160 (beam 5 × 32 sentences). On an Intel
+CPU, MKL by a copy transposed once to [in, out] is the quicker: model/float32_kernels.py
+chooses, per CPU.
 
 The packed copy is kept while the weight is unchanged (an in-place update bumps its version
 counter, loading another tensor changes its address) and dropped as soon as gradients are
@@ -50,6 +51,7 @@ from torch import Tensor
 
 from wtnmt.errors import EngineUnavailable
 from wtnmt.model import int8_multiplier as _multiplier
+from wtnmt.model.float32_kernels import float32_kernels, multiply_float32, pack_float32
 from wtnmt.model.int8_multiplier import int8_multiplier
 from wtnmt.model.speed import fast_paths
 from wtnmt.runtime import cpu_description
@@ -89,8 +91,8 @@ def weights_generation() -> int:
 
 class PackedLinear:
     """Computes ``F.linear(x, weight, bias)``; on CPU in float32 without gradients, through a
-    oneDNN-packed copy of ``weight`` [out, in] (a transposed view of an [in, out] parameter
-    will do) made on first use and kept until it changes.
+    packed copy of ``weight`` [out, in] (a transposed view of an [in, out] parameter will do;
+    oneDNN's layout or MKL's: float32_kernels) made on first use and kept until it changes.
 
     ``key`` identifies the weight's (and bias') value when they are computed from parameters
     rather than parameters themselves (fresh tensors at each computation): pass what changes
@@ -101,6 +103,7 @@ class PackedLinear:
         self._key: object = None
         self._packed: object = None
         self.int8 = False  # decode through the int8 linear (quantize_decoding)
+        self.kernels = ""  # the float32 packed copy's library (float32_kernels: mkl, onednn)
 
     def __call__(
         self, x: Tensor, weight: Tensor, bias: Tensor | None = None, *, key: object = None
@@ -110,7 +113,7 @@ class PackedLinear:
             return linear(x, weight, bias)
         if not fast_paths():
             return F.linear(x, weight, bias)
-        if not (_cpu_float32(x, weight) and (self.int8 or onednn_available())):
+        if not (_cpu_float32(x, weight) and (self.int8 or _float32_packs())):
             return F.linear(x, weight, bias)
         rows = max(1, x.numel() // x.size(-1))
         packed = self.prepared(weight, bias, rows=rows, key=key)
@@ -122,17 +125,18 @@ class PackedLinear:
             else:
                 out = torch.ops.quantized.linear_dynamic(flat, packed, False)  # 8-bit activations
         else:
-            out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
+            out = multiply_float32(flat, packed, bias, self.kernels)
         return out.view(*x.shape[:-1], out.size(-1))
 
     def prepared(
         self, weight: Tensor, bias: Tensor | None = None, *, rows: int = 1, key: object = None
     ) -> object:
         """The packed copy of ``weight`` this product multiplies by (packed now unless the
-        one kept is of the same weights): oneDNN's float32 layout (``rows``, the activation's
-        rows, a hint for it), or the int8 weight with ``bias`` inside (pack_int8: for the
-        library int8_kernels() names then, as wide as int8_narrow_weights allows it). The
-        native engine (decode/native) multiplies by the same copies."""
+        one kept is of the same weights): in float32 the copy float32_kernels() multiplies by
+        (``kernels`` names it; ``rows``, the activation's rows, a hint for oneDNN's), or the
+        int8 weight with ``bias`` inside (pack_int8: for the library int8_kernels() names
+        then, as wide as int8_narrow_weights allows it). The native engine (decode/native)
+        multiplies by the same copies."""
         if key is None:
             key = (weight.data_ptr(), weight._version, weight.shape, weight.stride())
             if bias is not None:  # int8 packs the bias with the weight
@@ -142,8 +146,9 @@ class PackedLinear:
             if self.int8:
                 bias = None if bias is None else bias.detach()
                 self._packed = pack_int8(weight.detach(), bias)
-            else:  # (rows: a hint for the layout)
-                self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
+            else:
+                self.kernels = float32_kernels()
+                self._packed = pack_float32(weight, rows, self.kernels)
             self._key = key
         return self._packed
 
@@ -169,6 +174,12 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         return _OneDNNLinear.apply(x, weight, bias)
     out = _OneDNNLinear.apply(x.reshape(-1, x.size(-1)), weight, bias)
     return out.view(*x.shape[:-1], out.size(-1))
+
+
+def _float32_packs() -> bool:
+    """Whether float32 decoding multiplies by packed copies: MKL's, or oneDNN's in a build
+    that runs them."""
+    return float32_kernels() == "mkl" or onednn_available()
 
 
 def _cpu_float32(x: Tensor, weight: Tensor) -> bool:

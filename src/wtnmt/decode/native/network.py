@@ -3,8 +3,9 @@ decode/search.py's ``search_batch`` reads of an engine with a search of its own:
 
 The weights are the model's own, read at every batch (so a change of κ, α or of precision is
 seen at once), and its products are multiplied by the very copies the PyTorch engine packs
-(``PackedLinear.prepared``): oneDNN's float32 layout or FBGEMM's int8 one (whose int8 values
-and scales int8.h's kernel takes, laid out its way, where it multiplies: ``own_int8_lanes``).
+(``PackedLinear.prepared``): oneDNN's or MKL's float32 layout or FBGEMM's int8 one (whose int8
+values and scales int8.h's kernel takes, laid out its way, where it multiplies:
+``own_int8_lanes``).
 That is what makes the two engines' translations the same.
 """
 
@@ -21,6 +22,7 @@ from wtnmt.decode.native import NativeUnavailable, extension
 from wtnmt.decode.search import PENALTY_FORMS, Hypothesis, _limits, greedy_hypotheses
 from wtnmt.model.attention import MultiHeadAttention
 from wtnmt.model.branched import BranchedAttention
+from wtnmt.model.float32_kernels import float32_kernels
 from wtnmt.model.packed import (
     PackedLinear,
     decoding_mode,
@@ -31,7 +33,7 @@ from wtnmt.model.packed import (
 from wtnmt.model.speed import fast_paths
 from wtnmt.special import BOS, EOS
 
-ONEDNN, INT8, MATMUL, OWN_INT8 = 0, 1, 2, 3  # engine.cpp's kinds of product
+ONEDNN, INT8, MATMUL, OWN_INT8, MKL = 0, 1, 2, 3, 4  # engine.cpp's kinds of product
 INT8_PRODUCTS = ("auto", "own", "library")  # WTNMT_NATIVE_INT8: the fused engine's int8
 
 
@@ -97,11 +99,12 @@ class NativeEngine:
 
     def check_usable(self) -> None:
         """Raises NativeUnavailable where this engine cannot decode the model at its present
-        precision: it multiplies through the packed fast paths, in float32 through oneDNN."""
+        precision: it multiplies through the packed fast paths, in float32 through oneDNN or
+        MKL (float32_kernels)."""
         if not fast_paths():
             raise NativeUnavailable("--engine native multiplies through the packed fast paths")
-        if not onednn_available() and self.quantize != "int8":
-            raise NativeUnavailable("--engine native needs PyTorch's oneDNN in float32")
+        if self.quantize != "int8" and not (float32_kernels() == "mkl" or onednn_available()):
+            raise NativeUnavailable("--engine native needs PyTorch's oneDNN or MKL in float32")
 
     @property
     def quantize(self) -> str:
@@ -121,7 +124,8 @@ class NativeEngine:
             return self._ext.Product(OWN_INT8, torch.empty(0), None, self._laid_out(linear, packed))
         if linear.int8:
             return self._ext.Product(INT8, torch.empty(0), None, packed)
-        return self._ext.Product(ONEDNN, packed, None if bias is None else bias.detach(), None)
+        kind = MKL if linear.kernels == "mkl" else ONEDNN
+        return self._ext.Product(kind, packed, None if bias is None else bias.detach(), None)
 
     def _laid_out(self, linear: PackedLinear, packed: object):  # type: ignore[no-untyped-def]
         """``linear``'s int8 weights (``packed``) laid out for int8.h's kernel, once a copy."""

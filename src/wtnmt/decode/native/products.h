@@ -17,13 +17,14 @@ namespace wtnmt_native {
 using at::Tensor;
 using Int8 = c10::intrusive_ptr<LinearPackedParamsBase>;
 
-// x·Wᵀ (+ b) as model/packed.py's PackedLinear computes it: oneDNN's packed float32 product,
+// x·Wᵀ (+ b) as model/packed.py's PackedLinear computes it: oneDNN's packed float32 product
+// or MKL's by the weight transposed to [in, out] (model/float32_kernels.py: the same call),
 // FBGEMM's (or oneDNN's) dynamically quantised int8 one (bias packed in), or a plain matmul by
 // an [in, out] matrix (the weighted self-attention's merge, which the PyTorch engine never
 // packs); or the same int8 product in the engine's own kernel (int8.h) on the same weights.
 struct Product {
-  int kind = 0;   // 0 oneDNN, 1 int8, 2 matmul, 3 int8 in int8.h's kernel
-  Tensor weight;  // oneDNN-packed [out, in], or the [in, out] matrix of kind 2
+  int kind = 0;   // 0 oneDNN, 1 int8, 2 matmul, 3 int8 in int8.h's kernel, 4 MKL
+  Tensor weight;  // oneDNN-packed [out, in], or the [in, out] matrix of kinds 2 and 4
   std::optional<Tensor> bias;
   Int8 int8;
   std::shared_ptr<Int8Weight> own;
@@ -65,6 +66,8 @@ inline Tensor apply(const Product& p, const Tensor& x) {
       RECORD_FUNCTION("wtnmt::int8_product", std::vector<c10::IValue>({x}));  // (profilers)
       return int8_product(x, *p.own);
     }
+    case 4:
+      return p.bias ? at::addmm(*p.bias, x, p.weight) : at::mm(x, p.weight);
     default:
       return x.matmul(p.weight);
   }
