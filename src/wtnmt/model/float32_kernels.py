@@ -2,15 +2,14 @@
 by a copy of the weight reordered into its blocked layout, or MKL, by a copy transposed to
 [in, out] (``addmm``, MKL's sgemm without a transpose to make).
 
-Each leads where the other is weak. On an AMD EPYC (Zen 4) MKL keeps to AVX2 kernels, and
-oneDNN's took the tied output projection of ``small`` ([32, 256] × [256, 8,000], 2 cores) in
-640 µs against MKL's 1,140. On an Intel Xeon (Sapphire Rapids) MKL has its AVX-512 kernels:
-alone, at 32 rows on 1 thread, it took 29 against 47 µs for 256→256 and 996 against 1,003 for
-the output projection (a little slower than oneDNN's at 160 rows and more, and on 2 threads),
-and in the native engine's whole float32 search it ran 1.06-1.10× as fast as oneDNN's, greedy
-and beam 5, 1 and 2 threads (``benchmarks/float32_products.py [--search]``,
-docs/BENCHMARKS.md). So MKL where the CPU is Intel's and the build has MKL, oneDNN elsewhere,
-as CTranslate2 picks its own.
+Each leads where the other is weak. On an AMD EPYC (Zen 4) oneDNN's took the tied output
+projection of ``small`` ([32, 256] × [256, 8,000], 2 cores) in 640 µs against MKL's 1,140. On
+an Intel Xeon (Sapphire Rapids) MKL, alone, at 32 rows on 1 thread, took 29 against 47 µs for
+256→256 and 996 against 1,003 for the output projection (a little slower than oneDNN's at 160
+rows and more, and on 2 threads), and in the native engine's whole float32 search it ran
+1.06-1.10× as fast as oneDNN's, greedy and beam 5, 1 and 2 threads
+(``benchmarks/float32_products.py [--search]``, docs/BENCHMARKS.md). So MKL where the CPU is
+Intel's and the build has MKL, oneDNN elsewhere, as CTranslate2 picks its own (CT2_USE_MKL).
 ``WTNMT_FLOAT32_KERNELS=onednn|mkl`` chooses; it is read as each weight is packed (a packed
 copy keeps its library), like ``WTNMT_INT8_KERNELS``. Training is not affected.
 """
