@@ -1,12 +1,13 @@
 // wtnmt's native search: decode/search.py's greedy and beam search, and the model's decoder
 // step (model/transformer.py's decode_step over model/cache.py's buffers), in C++ over the
-// same ATen operators, the same oneDNN-packed float32 and FBGEMM-packed int8 products, in the
-// same order. What leaves Python is the interpreter and its dispatch around ~250 operator
-// calls a step. With ``fused`` off every number is computed as the PyTorch engine computes
+// same ATen operators, the same packed float32 and int8 products, in the same order. What
+// leaves Python is the interpreter and its dispatch around ~250 operator calls a step. With ``fused`` off every number is computed as the PyTorch engine computes
 // it; on, attention (with the branched sublayer's first FFN products) runs in attention.h's
-// kernels and greedy's choice of token in search_ops.h's greedy_pick, the same arithmetic up
-// to the order of float32 sums; and where the CPU has VNNI the int8 products in int8.h's
-// kernel, the same quantisation of the same int8 weights (network.py's own_int8_lanes).
+// kernels and greedy's log-softmax and choice of token in search_ops.h's greedy_pick, the
+// same arithmetic up to the order of float32 sums (and the last bits of its exp); and where
+// the CPU has VNNI the int8 products in int8.h's kernel, the same quantisation of the same
+// int8 weights (network.py's own_int8_lanes). The float32 products are oneDNN's or MKL's, as
+// the PyTorch engine's (model/float32_kernels.py).
 //
 // Built on first use by torch.utils.cpp_extension (decode/native/__init__.py).
 
@@ -77,15 +78,16 @@ class Engine {
     limit = limit.contiguous();
     int64_t taken = 0;
     for (int64_t t = 0; t < steps; ++t) {
-      Tensor logits = step(tokens.select(1, t), t, st, std::nullopt, nullptr);
-      Tensor lprobs = at::log_softmax(logits.to(at::kFloat), -1);
+      Tensor logits = step(tokens.select(1, t), t, st, std::nullopt, nullptr).to(at::kFloat);
       ++taken;
-      if (fused_) {  // the search's own step in one pass
-        if (greedy_pick(lprobs, t, min_len, limit, done, tokens.select(1, t + 1), best.select(1, t),
+      if (fused_) {  // the search's own step, the log-softmax in it
+        logits = logits.contiguous();
+        if (greedy_pick(logits, t, min_len, limit, done, tokens.select(1, t + 1), best.select(1, t),
                         pad_, bos_, eos_))
           break;
         continue;
       }
+      Tensor lprobs = at::log_softmax(logits, -1);
       std::optional<Tensor> forced;
       if (t >= first_forced) forced = limit.le(t);
       constrain(lprobs, t, min_len, forced, pad_, bos_, eos_);

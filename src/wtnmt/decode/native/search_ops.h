@@ -83,16 +83,56 @@ WTNMT_INLINE int64_t first_max_impl(const float* x, int64_t v, float* top) {
 
 WTNMT_KERNEL(int64_t, first_max, (const float* x, int64_t v, float* top), (x, v, top))
 
-// A step of greedy search after the log-softmax (``fused`` engines): decode/search.py's
-// _constrain, row_argmax and bookkeeping in one pass over lprobs [N, V] (rows ruled out are
-// written −inf as _constrain writes them). Row r's token goes to tokens[r] (PAD once its
-// sentence is done), its log-probability to best[r]; forced rows (limit ≤ t) take EOS at 0.
-// Returns whether every sentence is done (``done`` [N] updated).
-inline bool greedy_pick(Tensor& lprobs, int64_t t, int64_t min_len, const Tensor& limit,
+// exp(a) on W lanes for a ≤ 0: Cephes' expf (a = n·ln 2 + r, |r| ≤ ln 2 / 2, a degree-6
+// polynomial in r, 2ⁿ added to the exponent), within 2 units in the last place of std::exp;
+// below −87.3 (past float32's normal range) it gives 2⁻¹²⁶·exp(r), ~1e-38, where exp gives
+// less (nothing a sum of exp(x − max) over a vocabulary can see).
+template <int W>
+WTNMT_INLINE typename Vec<W>::T exp_nonpositive(typename Vec<W>::T a) {
+  using V = typename Vec<W>::T;
+  typedef int32_t I __attribute__((vector_size(W * sizeof(int32_t))));
+  const V lowest = V{} - 87.3f, magic = V{} + 12582912.0f;  // (1.5·2²³: rounds to an integer)
+  a = a < lowest ? lowest : a;
+  const V n = (a * 1.44269504088896341f + magic) - magic;
+  const V r = (a - n * 0.693359375f) - n * -2.12194440e-4f;
+  V p = V{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  const I e = (__builtin_convertvector(n, I) + 127) << 23;  // 2ⁿ's bits
+  return p * reinterpret_cast<const V&>(e);
+}
+
+// Σ exp(x[j] − top) over x[0..v) (top ≥ every x[j]): a log-softmax's denominator
+template <int W>
+WTNMT_INLINE float exp_sum_impl(const float* x, int64_t v, float top) {
+  using V = typename Vec<W>::T;
+  const V shift = V{} + top;
+  V acc = V{};
+  int64_t j = 0;
+  for (; j + W <= v; j += W) acc += exp_nonpositive<W>(load<W>(x + j) - shift);
+  float sum = lane_sum<W>(acc);
+  for (; j < v; ++j) sum += std::exp(x[j] - top);
+  return sum;
+}
+
+WTNMT_KERNEL(float, exp_sum, (const float* x, int64_t v, float top), (x, v, top))
+
+// A step of greedy search from the logits (``fused`` engines): the log-softmax, decode/search.py's
+// _constrain, row_argmax and bookkeeping in two passes over logits [N, V] (the first index of
+// the largest, and the log-softmax's denominator; a third where the largest is a token ruled
+// out, which is then written −inf): at::log_softmax's numbers up to the order of its sum and
+// its exp's last bits. Row r's token goes to tokens[r] (PAD once its sentence is done), its
+// log-probability to best[r]; forced rows (limit ≤ t) take EOS at 0. Returns whether every
+// sentence is done (``done`` [N] updated).
+inline bool greedy_pick(Tensor& logits, int64_t t, int64_t min_len, const Tensor& limit,
                         Tensor& done, Tensor tokens, Tensor best, int64_t pad, int64_t bos,
                         int64_t eos) {
-  const int64_t n = lprobs.size(0), v = lprobs.size(1);
-  float* lp = lprobs.data_ptr<float>();
+  const int64_t n = logits.size(0), v = logits.size(1);
+  float* lp = logits.data_ptr<float>();
   const int64_t* lim = limit.data_ptr<int64_t>();
   bool* fin = done.data_ptr<bool>();
   int64_t* tok = tokens.data_ptr<int64_t>();
@@ -106,10 +146,17 @@ inline bool greedy_pick(Tensor& lprobs, int64_t t, int64_t min_len, const Tensor
       int64_t token = eos;
       float value = 0.0f;
       if (lim[r] > t) {
-        row[pad] = ninf;
-        row[bos] = ninf;
-        if (t < min_len) row[eos] = ninf;
-        token = first_max(row, v, &value);
+        float top;
+        token = first_max(row, v, &top);
+        const float lse = top + std::log(exp_sum(row, v, top));
+        value = top;
+        if (token == pad || token == bos || (t < min_len && token == eos)) {
+          row[pad] = ninf;
+          row[bos] = ninf;
+          if (t < min_len) row[eos] = ninf;
+          token = first_max(row, v, &value);
+        }
+        value -= lse;
       }
       out[r * best_stride] = value;
       tok[r * tok_stride] = fin[r] ? pad : token;
