@@ -30,18 +30,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from decode_speed import LENGTH, protocol_arguments, protocol_setup
+from int8_products import SHAPES  # (in, out, what)
 from wtnmt.decode.search import search_batch
 from wtnmt.model import quantize_decoding
 from wtnmt.model.float32_kernels import cpu_vendor, multiply_float32, pack_float32
 from wtnmt.runtime import machine_line
 
-SHAPES = [
-    (256, 768, "q, k, v"),
-    (256, 256, "query / W^O"),
-    (256, 1024, "FFN 1"),
-    (1024, 256, "FFN 2 / tail"),
-    (256, 8000, "output"),
-]  # (in, out, what)
 KERNELS = ("onednn", "mkl")
 
 

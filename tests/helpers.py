@@ -109,6 +109,15 @@ def train_tiny(tmp: Path, **train) -> Path:  # type: ignore[no-untyped-def]
     return tmp / "run"
 
 
+def translate_job(tmp: Path) -> tuple[list[str], Path]:
+    """A tiny trained run (train_tiny) and a one-sentence input: ``wtnmt translate``'s
+    arguments for it, and the output file they name."""
+    run = train_tiny(tmp)
+    source, out = tmp / "in.txt", tmp / "out.txt"
+    source.write_text(sentence(1, 4) + "\n")
+    return ["translate", str(run), "-i", str(source), "-o", str(out)], out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from wtnmt.runtime import cpuinfo
+
 
 @dataclass(frozen=True)
 class Level:
@@ -61,27 +63,13 @@ LEVELS = (
 )
 
 
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return set(value.split())
-    return set()
+def cpu_flags(path: Path = Path("/proc/cpuinfo")) -> set[str]:
+    fields = cpuinfo(path)
+    return set((fields.get("flags") or fields.get("Features") or "").split())
 
 
-def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    try:
-        for line in cpuinfo.read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                return value.strip()
-    except OSError:
-        pass
-    return "unknown CPU"
+def cpu_model(path: Path = Path("/proc/cpuinfo")) -> str:
+    return cpuinfo(path).get("model name", "unknown CPU")
 
 
 def plan(flags: set[str], only: str | None) -> tuple[list[Level], Level | None]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import one_line, sentence, train_tiny
+from helpers import one_line, translate_job
 from wtnmt.cli import main as cli
 from wtnmt.decode.native import unavailable_reason
 from wtnmt.decode.search import search_batch
@@ -93,12 +93,8 @@ def test_both_engines_find_the_same_on_either_library(kind, kernels, monkeypatch
 
 
 def test_a_float32_library_it_does_not_know_is_one_line(tmp_path, monkeypatch, capsys):
-    run = train_tiny(tmp_path)
-    source = tmp_path / "in.txt"
-    source.write_text(sentence(1, 4) + "\n")
-    out = tmp_path / "out.txt"
+    argv, out = translate_job(tmp_path)
     monkeypatch.setenv("WTNMT_FLOAT32_KERNELS", "cublas")
-    argv = ["translate", str(run), "-i", str(source), "-o", str(out)]
     assert cli(argv) == 2
     one_line(capsys, "translate", "WTNMT_FLOAT32_KERNELS='cublas'", "onednn or mkl")
     assert not out.exists()

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import one_line, sentence, train_tiny
+from helpers import one_line, translate_job
 from int8_oracle import checked_int8, dynamic_int8, int8_linear, packed_weight_qmax
 from wtnmt.cli import main as cli
 from wtnmt.config import load_config
@@ -179,12 +179,9 @@ def test_a_search_packed_for_onednn_is_the_simulation_on_both_engines(monkeypatc
 
 
 def test_an_int8_library_it_does_not_know_is_one_line(tmp_path, monkeypatch, capsys):
-    run = train_tiny(tmp_path)
-    source = tmp_path / "in.txt"
-    source.write_text(sentence(1, 4) + "\n")
-    out = tmp_path / "out.txt"
+    argv, out = translate_job(tmp_path)
+    argv += ["--quantize", "int8"]
     monkeypatch.setenv("WTNMT_INT8_KERNELS", "mkl")
-    argv = ["translate", str(run), "-i", str(source), "-o", str(out), "--quantize", "int8"]
     assert cli(argv) == 2
     one_line(capsys, "translate", "WTNMT_INT8_KERNELS='mkl'", "fbgemm or onednn")
     assert not out.exists()
@@ -202,10 +199,7 @@ def test_without_fbgemm_int8_runs_on_onednn_and_without_either_it_is_one_line(
     them.)"""
     from wtnmt.model import packed
 
-    run = train_tiny(tmp_path)
-    source = tmp_path / "in.txt"
-    source.write_text(sentence(1, 4) + "\n")
-    out = tmp_path / "out.txt"
+    argv, out = translate_job(tmp_path)
     monkeypatch.delenv("WTNMT_INT8_KERNELS", raising=False)
     monkeypatch.setattr(packed, "_quantized_engines", lambda: frozenset({"onednn", "none"}))
     packed._multiplies.cache_clear()
@@ -219,7 +213,7 @@ def test_without_fbgemm_int8_runs_on_onednn_and_without_either_it_is_one_line(
         monkeypatch.setattr(packed, "_quantized_engines", lambda: frozenset({"none"}))
         packed._multiplies.cache_clear()
         assert not int8_available()
-        argv = ["translate", str(run), "-i", str(source), "-o", str(out), "--quantize", "int8"]
+        argv += ["--quantize", "int8"]
         capfd.readouterr()
         assert cli([*argv, "--engine", "pytorch"]) == 2
         one_line(capfd, "translate", "int8 decoding needs", "fbgemm's does not run", "'none'")

@@ -104,21 +104,28 @@ def _kernels_limited_below_bf16() -> bool:
     return False
 
 
+def cpuinfo(path: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
+    """The fields of ``path``'s first processor (``model name``, ``vendor_id``, ``flags``, or
+    ``Features`` on ARM), empty where it cannot be read."""
+    fields: dict[str, str] = {}
+    try:
+        text = path.read_text()
+    except OSError:
+        return fields
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
 def cpu_description() -> dict[str, Any]:
     """The CPU as a figure beside a measurement needs it: its model name, the instruction
     sets that decide the kernels (AVX2, AVX-512, VNNI, bf16, AMX) and ATen's capability."""
     import torch
 
-    model, flags = "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and model == "unknown":
-                model = value.strip()
-            elif key.strip() in ("flags", "Features"):
-                flags.update(value.split())
-    except OSError:
-        pass
+    fields = cpuinfo()
+    model = fields.get("model name", "unknown")
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
     wanted = (
         "avx2",
         "avx512f",

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import functools
 import os
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from wtnmt.errors import EngineUnavailable
+from wtnmt.runtime import cpuinfo
 
 FLOAT32_KERNELS = ("onednn", "mkl")
 
@@ -31,14 +31,7 @@ FLOAT32_KERNELS = ("onednn", "mkl")
 @functools.cache
 def cpu_vendor() -> str:
     """/proc/cpuinfo's ``vendor_id`` (``GenuineIntel``, ``AuthenticAMD``), "" where unknown."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "vendor_id":
-                return value.strip()
-    except OSError:
-        pass
-    return ""
+    return cpuinfo().get("vendor_id", "")
 
 
 def default_float32_kernels(vendor: str, mkl: bool) -> str:
