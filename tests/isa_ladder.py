@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from wtnmt.runtime import cpuinfo
+from wtnmt.runtime import cpu_flags, cpuinfo
 
 
 @dataclass(frozen=True)
@@ -61,11 +61,6 @@ LEVELS = (
         AVX512 | {"avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"},
     ),
 )
-
-
-def cpu_flags(path: Path = Path("/proc/cpuinfo")) -> set[str]:
-    fields = cpuinfo(path)
-    return set((fields.get("flags") or fields.get("Features") or "").split())
 
 
 def cpu_model(path: Path = Path("/proc/cpuinfo")) -> str:

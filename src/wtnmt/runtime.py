@@ -118,14 +118,19 @@ def cpuinfo(path: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
     return fields
 
 
+def cpu_flags(path: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The instruction sets ``path`` lists (``flags``, or ``Features`` on ARM)."""
+    fields = cpuinfo(path)
+    return set((fields.get("flags") or fields.get("Features") or "").split())
+
+
 def cpu_description() -> dict[str, Any]:
     """The CPU as a figure beside a measurement needs it: its model name, the instruction
     sets that decide the kernels (AVX2, AVX-512, VNNI, bf16, AMX) and ATen's capability."""
     import torch
 
-    fields = cpuinfo()
-    model = fields.get("model name", "unknown")
-    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    model = cpuinfo().get("model name", "unknown")
+    flags = cpu_flags()
     wanted = (
         "avx2",
         "avx512f",

@@ -178,8 +178,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 def _float32_packs() -> bool:
     """Whether float32 decoding multiplies by packed copies: MKL's, or oneDNN's in a build
-    that runs them."""
-    return float32_kernels() == "mkl" or onednn_available()
+    that runs them (oneDNN's, cached, asked first: this is on every product's path)."""
+    return onednn_available() or float32_kernels() == "mkl"
 
 
 def _cpu_float32(x: Tensor, weight: Tensor) -> bool:

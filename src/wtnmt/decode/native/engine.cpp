@@ -1,8 +1,8 @@
 // wtnmt's native search: decode/search.py's greedy and beam search, and the model's decoder
 // step (model/transformer.py's decode_step over model/cache.py's buffers), in C++ over the
 // same ATen operators, the same packed float32 and int8 products, in the same order. What
-// leaves Python is the interpreter and its dispatch around ~250 operator calls a step. With ``fused`` off every number is computed as the PyTorch engine computes
-// it; on, attention (with the branched sublayer's first FFN products) runs in attention.h's
+// leaves Python is the interpreter and its dispatch around ~250 operator calls a step. With
+// ``fused`` off every number is computed as the PyTorch engine computes it; on, attention (with the branched sublayer's first FFN products) runs in attention.h's
 // kernels and greedy's log-softmax and choice of token in search_ops.h's greedy_pick, the
 // same arithmetic up to the order of float32 sums (and the last bits of its exp); and where
 // the CPU has VNNI the int8 products in int8.h's kernel, the same quantisation of the same

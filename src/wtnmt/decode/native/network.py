@@ -103,7 +103,7 @@ class NativeEngine:
         MKL (float32_kernels)."""
         if not fast_paths():
             raise NativeUnavailable("--engine native multiplies through the packed fast paths")
-        if self.quantize != "int8" and not (float32_kernels() == "mkl" or onednn_available()):
+        if self.quantize != "int8" and not (onednn_available() or float32_kernels() == "mkl"):
             raise NativeUnavailable("--engine native needs PyTorch's oneDNN or MKL in float32")
 
     @property
