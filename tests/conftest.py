@@ -1,5 +1,6 @@
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -35,6 +36,13 @@ LONGEST_FIRST = (
     "test_workers.py",  # - / 57
     "test_experiment_scoring.py",  # 45 / -
 )
+
+
+def pytest_runtest_setup(item) -> None:  # type: ignore[no-untyped-def]
+    """Each test's own wtnmt cache (``$WTNMT_CACHE_DIR``): what one test's run keeps there
+    (train.precision=auto's choice) never decides another's, nor a user's. (A hook, not a
+    fixture: hypothesis refuses function-scoped fixtures around its examples.)"""
+    os.environ["WTNMT_CACHE_DIR"] = tempfile.mkdtemp(prefix="wtnmt-test-cache-")
 
 
 def pytest_collection_modifyitems(items: list) -> None:

@@ -159,7 +159,11 @@ def test_a_set_value_that_is_not_yaml_is_named(text):
         ("train.adam_betas=[1.5, 0.98]", "train.adam_betas[0]=1.5 must be in [0, 1)"),
         ("train.adam_eps=-1", "train.adam_eps=-1.0 must be a finite number above 0"),
         ("train.label_smoothing=.nan", "train.label_smoothing=nan must be in [0, 1)"),
-        ("decode.max_len_a=-1", "decode.max_len_a=-1.0 and decode.max_len_b=10 must be finite"),
+        ("decode.max_len_a=-1", "decode.max_len_a=-1.0: allowed 0 to 64"),
+        ("decode.max_len_a=1e308", "decode.max_len_a=1e+308: allowed 0 to 64"),
+        ("decode.max_len_a=.inf", "decode.max_len_a=inf: allowed 0 to 64"),
+        ("decode.max_len_b=-1", "decode.max_len_b=-1: allowed 0 to 65,536"),
+        ("decode.max_len_b=1000000000", "decode.max_len_b=1000000000: allowed 0 to 65,536"),
         ("decode.length_penalty=.inf", "decode.length_penalty=inf: allowed -10 to 10"),
     ],
 )

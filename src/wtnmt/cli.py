@@ -66,8 +66,9 @@ def _add_prepare(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "prepare",
         help="raw parallel text → vocabulary and token arrays",
-        description="Read a named corpus or your own parallel files, clean them (counted), "
-        "train the shared sentencepiece vocabulary and write token arrays.",
+        description="Read a named corpus or your own parallel files, clean them (every "
+        "filter counted), train the sentencepiece vocabulary (one shared by both languages, "
+        "or one a language with --no-joint-vocab) and write token arrays.",
     )
     p.add_argument("config", nargs="?", help="a run config or preset name (its data section)")
     source = p.add_mutually_exclusive_group()
@@ -85,7 +86,20 @@ def _add_prepare(commands: argparse._SubParsersAction) -> None:
         "--src-lang", dest="src_lang", help="source language: names its files (valid.LANG)"
     )
     p.add_argument("--tgt-lang", dest="tgt_lang", help="target language: names its files")
-    p.add_argument("--vocab-size", dest="vocab_size", type=int, help="subword pieces (8000)")
+    p.add_argument(
+        "--vocab-size",
+        dest="vocab_size",
+        type=int,
+        help="subword pieces (8000; each, per language)",
+    )
+    p.add_argument(
+        "--joint-vocab",
+        dest="joint_vocab",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="one vocabulary shared by both languages (data.joint_vocab, the default), or "
+        "with --no-joint-vocab one a language, the source's embedding its own",
+    )
     p.add_argument(
         "--vocab-sample",
         dest="spm_max_sentences",
@@ -192,7 +206,13 @@ def _add_average(commands: argparse._SubParsersAction) -> None:
         "evaluate and serve read as any run.",
     )
     p.add_argument("run_dir", metavar="RUN", help="a trained run directory")
-    p.add_argument("--last", type=int, default=5, help="how many checkpoints (default 5)")
+    p.add_argument(
+        "--last",
+        type=int,
+        default=None,
+        help="how many checkpoints (default: as many as the run keeps, its "
+        "train.keep_checkpoints, 3 by default; fewer where fewer were saved)",
+    )
     p.add_argument("--out", required=True, help="the new run directory (must not exist)")
     p.set_defaults(func=cmd_average)
 

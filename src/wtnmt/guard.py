@@ -13,7 +13,7 @@ from wtnmt.config import ConfigError
 
 def run_guarded(command: str, body: Callable[[], int]) -> int:
     """Run a command's body: a user's mistake is one line on stderr and exit status 2, Ctrl-C
-    is 130, never a traceback."""
+    is 130 (SIGTERM, where a command takes it, 143), never a traceback."""
     from wtnmt.data import DataError
     from wtnmt.errors import CheckpointError, DecodingError, EngineUnavailable, TrainingError
 
@@ -30,8 +30,10 @@ def run_guarded(command: str, body: Callable[[], int]) -> int:
         print(f"wtnmt {command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        from wtnmt import interrupt
+
         print(f"wtnmt {command}: interrupted", file=sys.stderr)
-        return 130
+        return interrupt.exit_status()  # 130 for Ctrl-C, 143 for SIGTERM
     except BrokenPipeError:
         # the reader went away (`wtnmt translate | head -1`): stdout can take no more, not
         # even the interpreter's last flush

@@ -57,6 +57,27 @@ def bound_onednn_caches() -> None:
         os.environ.setdefault(variable, str(_ONEDNN_CACHE))
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, as a container or taskset sets)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def threads_warning(threads: int | None, option: str = "--threads") -> str | None:
+    """A line for ``threads`` above the cores this process may use, else None: threads that
+    share a core wait on one another at every product (``--threads 1000`` on 2 cores decoded
+    17× slower than 2)."""
+    cores = usable_cores()
+    if threads is None or threads <= cores:
+        return None
+    return (
+        f"{option} {threads}: more than the {cores} core{'s' * (cores != 1)} this process may "
+        f"use; the extra threads wait on one another and slow it down (give at most {cores})"
+    )
+
+
 def check_device(device: str) -> None:
     """A device this machine has, or a one-line ConfigError naming it (imports torch)."""
     import torch

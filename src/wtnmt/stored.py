@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 import gzip
 import io
-import os
+import json
 import sys
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -47,7 +48,19 @@ def read_bytes(path: str | Path) -> bytes:
     if found is None:
         raise FileNotFoundError(2, "No such file or directory", str(path))
     data = found.read_bytes()
-    return gzip.decompress(data) if found.name.endswith(GZ) else data
+    return _gunzip(found, data) if found.name.endswith(GZ) else data
+
+
+def _gunzip(path: Path, data: bytes) -> bytes:
+    """``data`` (the bytes of ``path``) decompressed; an OSError naming ``path`` where they
+    are not whole gzip (cut short by a full disk or a kill, or not gzip at all)."""
+    try:
+        return gzip.decompress(data)
+    except EOFError:
+        reason = "a gzip file cut short (damaged: truncated by a full disk or a kill)"
+    except (gzip.BadGzipFile, zlib.error) as e:
+        reason = f"not a whole gzip file ({e})"
+    raise OSError(None, reason, str(path))
 
 
 def read_text(path: str | Path, encoding: str = "utf-8") -> str:
@@ -78,6 +91,62 @@ def write_as_kept(path: Path, data: bytes) -> Path:
         return packed
     atomic_write(path, data)
     return path
+
+
+def reopen(path: Path) -> str | None:
+    """``path`` made the one plain file a writer appends to, its earlier lines whole: where
+    only ``path.gz`` is kept (a finished run compressed, now resumed), it is decompressed back
+    (written whole, then the ``.gz`` goes); where both are (a resume before this was done),
+    they are joined when the ``.gz`` ends before the plain file begins, or the plain file goes
+    on from the ``.gz``'s lines. Returns what was done (None: nothing to do); an OSError naming
+    both where neither holds: nothing is removed then."""
+    from wtnmt.safe_files import atomic_write
+
+    packed = compressed(path)
+    if not packed.is_file():
+        return None
+    earlier = _gunzip(packed, packed.read_bytes())
+    if earlier and not earlier.endswith(b"\n"):
+        earlier += b"\n"  # a last line cut short stays one line
+    if not path.exists():
+        atomic_write(path, earlier)
+        packed.unlink()
+        return f"{packed.name} decompressed to {path.name} to append to"
+    later = path.read_bytes()
+    if later.startswith(earlier):
+        whole = later
+    elif _last_step(earlier) < _first_step(later):
+        whole = earlier + later
+    else:
+        raise OSError(
+            None,
+            f"both {path.name} and {packed.name} are here and neither goes on from the other "
+            f"(steps overlap): join them by hand",
+            str(path),
+        )
+    atomic_write(path, whole)
+    packed.unlink()
+    return f"{packed.name} and {path.name} joined into {path.name}"
+
+
+def _steps(data: bytes) -> list[int]:
+    found = []
+    for line in data.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("step"), int):
+            found.append(entry["step"])
+    return found
+
+
+def _first_step(data: bytes) -> float:
+    return min(_steps(data), default=float("inf"))
+
+
+def _last_step(data: bytes) -> float:
+    return max(_steps(data), default=float("-inf"))
 
 
 def remove(path: str | Path) -> None:
@@ -136,9 +205,18 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     before = after = count = 0
     for path in candidates(args.dirs):
+        if compressed(path).exists() and not path.name.endswith("metrics.jsonl"):
+            compressed(path).unlink()  # a decoding, written whole: the plain one is newer
+        elif compressed(path).exists():  # a curve: joined (never a part dropped), or left
+            try:
+                print(f"{path.parent}: {reopen(path)}", file=sys.stderr)
+            except OSError as e:
+                print(
+                    f"python -m wtnmt.stored: {e.filename}: {e.strerror}; left as they are",
+                    file=sys.stderr,
+                )
+                continue
         size = path.stat().st_size
-        if compressed(path).exists():  # both: the plain file is the newer write
-            os.unlink(compressed(path))
         packed = compress(path)
         before, after, count = before + size, after + packed.stat().st_size, count + 1
     print(f"{count} files compressed: {before / 1e6:.1f} MB → {after / 1e6:.1f} MB")

@@ -57,6 +57,16 @@ def nbest_lines(index: int, options, n: int) -> list[str]:  # type: ignore[no-un
     return lines + [f"{index} |||  ||| -inf"] * (n - len(lines))
 
 
+def check_float32_kernels(device: str) -> None:
+    """``WTNMT_FLOAT32_KERNELS`` checked on every CPU decoding, whatever the precision: an
+    int8 model's float32 products (its embeddings' output, attention) read it too, and a
+    misspelt name must not pass unseen under one option and fail under another."""
+    if device == "cpu":
+        from wtnmt.model.float32_kernels import float32_kernels
+
+        float32_kernels()  # EngineUnavailable (one line) for a name it does not know
+
+
 def check_weights_name(weights: str) -> None:
     """--weights names a file inside the run directory (a checkpoint under it will do)."""
     path = Path(weights)
@@ -92,12 +102,20 @@ def _length_penalty(translator, args: argparse.Namespace) -> bool:  # type: igno
 
 def cmd_translate(args: argparse.Namespace) -> int:
     from wtnmt.data.io import stream_lines
-    from wtnmt.runtime import check_device, check_engine, check_quantize, tune_cpu_allocator
+    from wtnmt.runtime import (
+        check_device,
+        check_engine,
+        check_quantize,
+        threads_warning,
+        tune_cpu_allocator,
+    )
 
     for option in ("beam", "nbest", "chunk", "threads", "workers"):  # before the model loads
         value = getattr(args, option)
         if value is not None and value < 1:
             raise ConfigError(f"--{option} {value}: must be at least 1")
+    if (said := threads_warning(args.threads)) is not None:
+        print(f"wtnmt translate: warning: {said}", file=sys.stderr)
     check_quantize(args.quantize, args.device)
     if args.engine == "auto" and args.device != "cpu":
         args.engine = "pytorch"  # (what decodes on GPUs)
@@ -123,6 +141,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     tune_cpu_allocator()
     if args.threads:
         torch.set_num_threads(args.threads)
+    check_float32_kernels(args.device)
     translator = Translator.load(
         args.run_dir,
         device=args.device,
@@ -250,6 +269,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         args.branch_weights_in = list(dict.fromkeys(args.branch_weights_in))
     tune_cpu_allocator()
     check_weights_name(args.weights)
+    check_float32_kernels(args.device)
     translator = Translator.load(
         args.run_dir,
         device=args.device,

@@ -15,6 +15,7 @@ from wtnmt.config import (
     config_from_dict,
     config_to_dict,
     load_config,
+    own_files_filters,
     parse_override,
 )
 
@@ -36,6 +37,9 @@ def _data_config(args: argparse.Namespace) -> DataConfig:
             data[keys[1]] = value
     sources = {"corpus": args.corpus, "train_src": args.src, "train_tsv": args.tsv}
     if any(sources.values()):  # the source given here replaces the config's
+        if data.get("corpus") and not args.corpus:  # nor its corpus's filters, unless --set
+            given = {t.split("=", 1)[0].strip() for t in args.set}
+            data.update(own_files_filters(data, given))
         data.update(corpus=args.corpus, train_src=args.src, train_tgt=args.tgt, train_tsv=args.tsv)
     for key in (
         "src_lang",
@@ -47,6 +51,7 @@ def _data_config(args: argparse.Namespace) -> DataConfig:
         "test_src",
         "test_tgt",
         "spm_max_sentences",
+        "joint_vocab",
     ):
         value = getattr(args, key)
         if value is not None:
@@ -93,7 +98,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         state = trainer.run()
     except KeyboardInterrupt:
-        return 130
+        from wtnmt import interrupt
+
+        return interrupt.exit_status()  # 130 for Ctrl-C, 143 for SIGTERM
     from wtnmt.prune.run import mark_fine_tuned
 
     if mark_fine_tuned(out):  # the fine-tune of a `wtnmt prune` that was interrupted
@@ -187,10 +194,25 @@ def cmd_presets(args: argparse.Namespace) -> int:
     from wtnmt.config.loading import PRESET_DIR
 
     for path in sorted(PRESET_DIR.glob("*.yaml")):
-        first = path.read_text(encoding="utf-8").splitlines()[:1]
-        about = first[0].lstrip("# ").strip() if first and first[0].startswith("#") else ""
-        print(f"{path.stem:<20} {about}")
+        print(f"{path.stem:<20} {first_sentence(path.read_text(encoding='utf-8'))}")
     return 0
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of a config's header comment, whole however many lines it takes
+    (a full stop outside parentheses ends it)."""
+    header = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        header.append(line.lstrip("#").strip())
+    words, depth, sentence = " ".join(header).split(), 0, []
+    for word in words:
+        sentence.append(word)
+        depth += word.count("(") - word.count(")")
+        if depth <= 0 and word.endswith("."):
+            break
+    return " ".join(sentence)
 
 
 def cmd_unpack(args: argparse.Namespace) -> int:

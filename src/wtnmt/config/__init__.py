@@ -14,6 +14,7 @@ from wtnmt.config.loading import (
     config_from_dict,
     config_to_dict,
     load_config,
+    own_files_filters,
     parse_override,
     resolve_preset,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "config_from_dict",
     "config_to_dict",
     "load_config",
+    "own_files_filters",
     "parse_override",
     "resolve_preset",
 ]

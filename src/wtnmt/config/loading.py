@@ -216,18 +216,86 @@ def read_yaml_file(path: Path) -> Any:
         raise ConfigError(f"{path}: not valid YAML ({yaml_reason(e)})") from None
 
 
-def load_config(source: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Load a YAML config (a path or a preset name) and apply ``--set`` overrides."""
-    path = resolve_preset(source)
+# a named corpus's own filters, which a preset sets for its corpus (its sentence lengths, its
+# sample): not applied to one's own files unless the user's file or --set states them
+CORPUS_FILTERS = ("max_words", "train_size")
+
+
+def own_files_filters(data: dict[str, Any], stated: set[str]) -> dict[str, Any]:
+    """The data keys to reset where one's own files replace a preset's corpus:
+    ``CORPUS_FILTERS`` back to their defaults (None) unless ``stated`` (the dotted keys the
+    user gave) names them."""
+    return {k: None for k in CORPUS_FILTERS if f"data.{k}" not in stated and data.get(k)}
+
+
+def _merged(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """``top``'s values over ``base``'s, section by section (a mapping merged key by key)."""
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _keys(values: dict[str, Any]) -> set[str]:
+    """The dotted ``section.key`` names a config's values state."""
+    return {
+        f"{section}.{key}"
+        for section, keys in values.items()
+        if isinstance(keys, dict)
+        for key in keys
+    }
+
+
+def _with_bases(path: Path, seen: tuple[Path, ...] = ()) -> tuple[dict[str, Any], bool]:
+    """The values of the config file ``path`` over those of its ``base:`` (a preset name or
+    a config file, itself resolved so), and whether it had one."""
     values = read_yaml_file(path) or {}
     if not isinstance(values, dict):
         raise ConfigError(f"{path}: a config must be a mapping of sections")
+    if "base" not in values:
+        return values, False
+    base = values.pop("base")
+    if not isinstance(base, str) or not base:
+        raise ConfigError(
+            f"{path}: base={base!r}: give a preset name (`wtnmt presets`) or a config file"
+        )
+    beside = path.parent / base  # a file named relative to the config that names it
+    base_path = beside if beside.is_file() else resolve_preset(base)
+    chain = (*seen, path.resolve())
+    if base_path.resolve() in chain:
+        names = " → ".join(str(p) for p in (*chain, base_path.resolve()))
+        raise ConfigError(f"{path}: base: the configs name each other in a circle ({names})")
+    try:
+        inherited, _ = _with_bases(base_path, chain)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: base {base!r}: {e}") from None
+    return _merged(inherited, values), True
+
+
+def load_config(source: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Load a YAML config (a path or a preset name) and apply ``--set`` overrides.
+
+    A file may start from a preset or another file (``base: weighted-m30k``) and state only
+    what differs. Where one's own files (data.train_src, data.train_tsv) replace the corpus of
+    a preset (named as the config, or as a base), the preset's corpus filters
+    (``CORPUS_FILTERS``) are not applied to them unless stated."""
+    path = resolve_preset(source)
+    values, has_base = _with_bases(path)
+    preset = path.resolve().parent == PRESET_DIR.resolve()
     given = {t.split("=", 1)[0].strip() for t in overrides}
+    stated = given | (set() if preset else _keys(read_yaml_file(path) or {}))
     data = values.get("data") or {}
-    if isinstance(data, dict) and "corpus" not in data and "data.corpus" not in given:
-        own = data.get("train_src") or data.get("train_tsv")
-        if own or given & {"data.train_src", "data.train_tsv"}:  # one's own files: not the
-            values["data"] = {**data, "corpus": None}  # default corpus beside them
+    own = {"data.train_src", "data.train_tsv"}
+    if isinstance(data, dict):
+        if "data.corpus" not in stated and (
+            data.get("train_src") or data.get("train_tsv") or given & own
+        ):  # one's own files: not the default (or a base's) corpus beside them
+            values["data"] = data = {**data, "corpus": None}
+        if (preset or has_base) and stated & own:  # nor that corpus's filters
+            values["data"] = data = {**data, **own_files_filters(data, stated)}
     for text in overrides:
         keys, value = parse_override(text)
         node = values

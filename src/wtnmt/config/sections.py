@@ -249,6 +249,10 @@ class TrainConfig:
 # vanish, a division by zero) in float arithmetic, where 10 already decides by length alone.
 MAX_BEAM = 1024
 MAX_LENGTH_PENALTY = 10.0
+# output length limits: a·|source| + b; beyond these an output is longer than any model's
+# positions anyway, and a server's bound on a request's work would overflow
+MAX_LEN_A = 64.0
+MAX_LEN_B = 65_536
 
 
 @dataclass(frozen=True)
@@ -272,11 +276,10 @@ class DecodeConfig:
             raise ConfigError(f"decode.beam={self.beam}: allowed 1 to {MAX_BEAM}")
         if self.nbest > self.beam:
             raise ConfigError(f"decode.nbest={self.nbest} exceeds decode.beam={self.beam}")
-        if not (math.isfinite(self.max_len_a) and self.max_len_a >= 0) or self.max_len_b < 0:
-            raise ConfigError(
-                f"decode.max_len_a={self.max_len_a!r} and decode.max_len_b={self.max_len_b!r} "
-                f"must be finite and >= 0"
-            )
+        if not (math.isfinite(self.max_len_a) and 0 <= self.max_len_a <= MAX_LEN_A):
+            raise ConfigError(f"decode.max_len_a={self.max_len_a!r}: allowed 0 to {MAX_LEN_A:g}")
+        if not 0 <= self.max_len_b <= MAX_LEN_B:
+            raise ConfigError(f"decode.max_len_b={self.max_len_b!r}: allowed 0 to {MAX_LEN_B:,}")
         if not -MAX_LENGTH_PENALTY <= self.length_penalty <= MAX_LENGTH_PENALTY:  # nan too
             raise ConfigError(
                 f"decode.length_penalty={self.length_penalty!r}: allowed "

@@ -44,7 +44,7 @@ from wtnmt.data.prepared_dir import (
 from wtnmt.data.split import keep_short, split_by_pivot
 from wtnmt.data.spool import spooled
 from wtnmt.data.stream import PairList, ParallelFiles, TsvFile
-from wtnmt.data.summary import split_stats
+from wtnmt.data.summary import describe_filters, filters_applied, split_stats
 from wtnmt.data.train_split import Selection, encode, kept_pairs, select, train_vocabularies
 from wtnmt.data.vocab import vocabularies_sha256
 
@@ -195,6 +195,9 @@ def raw_split(config: DataConfig, split: str) -> list[Pair]:
     return kept
 
 
+_LENGTH_FILTERS = ("data.max_tokens_per_side", "data.max_length_ratio")  # applied as encoded
+
+
 def _reasons(dropped: Counter[str], corpus_level: dict[str, Any]) -> str:
     counts = Counter(corpus_level.get("dropped", {})) + dropped
     return ", ".join(f"{n:,} {reason.replace('_', ' ')}" for reason, n in counts.items() if n)
@@ -236,12 +239,14 @@ def _build(
         log(f"splits: {corpus_level['split']}")
     train = splits["train"]
     selection = _select(config, train, pivot is None, duplicates=c.drop_duplicates)
-    log(
-        f"read {selection.read:,} training pairs, {selection.kept:,} past the empty and "
-        f"duplicate checks ({clock.lap('read')} s)"
-    )
     if pivot is None:
         corpus_level = _corpus_level(selection)
+    first = Counter(corpus_level.get("dropped", {})) + selection.dropped
+    rows = [r for r in filters_applied(c, first) if r["filter"] not in _LENGTH_FILTERS]
+    log(
+        f"read {corpus_level.get('pairs_read', selection.read):,} training pairs, "
+        f"{selection.kept:,} kept: dropped {describe_filters(rows)} ({clock.lap('read')} s)"
+    )
     read = {"train": selection.split}
     kept: dict[str, list[Pair]] = {}
     dropped: dict[str, Counter[str]] = {"train": selection.dropped}
@@ -268,11 +273,13 @@ def _build(
         max_ratio=c.max_length_ratio,
         workers=workers,
     )
+    dropped["train"].update(encoded["dropped"])
+    filters = filters_applied(c, Counter(corpus_level.get("dropped", {})) + dropped["train"])
+    lengths = [r for r in filters if r["filter"] in _LENGTH_FILTERS]
     log(
         f"encoded ({clock.lap('encode')} s): {encoded['kept']:,} training pairs kept, "
-        f"{selection.kept - encoded['kept']:,} over the length limits"
+        f"dropped {describe_filters(lengths)}"
     )
-    dropped["train"].update(encoded["dropped"])
     if not encoded["kept"]:
         raise DataError(
             f"no training pairs left: {read['train']:,} read, all dropped "
@@ -310,8 +317,10 @@ def _build(
         if long:
             stats[split]["ids_truncated"] = long
     clock.lap("dev_test")
+    log(f"training pairs: {encoded['kept']:,} kept; dropped {describe_filters(filters)}")
     return {
         "corpus": corpus_level,
+        "filters": filters,  # every filter the training pairs went through, and its count
         "vocab_size": len(vocab.target),  # the target's where each language has its own
         **({} if vocab.joint else {"src_vocab_size": len(vocab.source)}),
         "splits": stats,

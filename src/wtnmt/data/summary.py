@@ -5,6 +5,46 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+# each reason a training pair is dropped for, and the setting that drops it
+FILTERS = {
+    "over_max_words": "data.max_words",
+    "over_train_size": "data.train_size",
+    "other_translation_of_held_out": "the seeded split (another translation of a held-out "
+    "sentence)",
+    "empty": "an empty side",
+    "duplicate": "data.drop_duplicates",
+    "too_long": "data.max_tokens_per_side",
+    "length_ratio": "data.max_length_ratio",
+}
+
+
+def filters_applied(config: Any, counts: Counter[str]) -> list[dict[str, Any]]:
+    """Every filter the training pairs went through (``config``: the DataConfig), with its
+    setting and the pairs it dropped, zero included: what summary.json's ``filters`` holds."""
+    settings = {
+        "over_max_words": config.max_words,
+        "over_train_size": config.train_size,
+        "duplicate": config.drop_duplicates or None,
+        "too_long": config.max_tokens_per_side,
+        "length_ratio": config.max_length_ratio,
+    }
+    rows = []
+    for reason, name in FILTERS.items():
+        setting = settings.get(reason)
+        if counts.get(reason) or setting is not None or reason == "empty":
+            rows.append({"filter": name, "setting": setting, "dropped": counts.get(reason, 0)})
+    return rows
+
+
+def describe_filters(rows: list[dict[str, Any]]) -> str:
+    """``filters_applied``'s rows in a log line: "12 by data.max_words=12, 0 by …"."""
+    parts = []
+    for row in rows:
+        setting = row["setting"]
+        named = row["filter"] + (f"={setting}" if setting not in (None, True) else "")
+        parts.append(f"{row['dropped']:,} by {named}")
+    return ", ".join(parts)
+
 
 def split_stats(
     read: int, kept: int, dropped: Counter[str], tokens_src: int, tokens_tgt: int
@@ -52,8 +92,9 @@ def format_summary(summary: dict[str, Any]) -> str:
     out = []
     if corpus:
         drops = ", ".join(f"{k} {v:,}" for k, v in corpus.get("dropped", {}).items())
+        split = f"; {corpus['split']}" if corpus.get("split") else ""
         out.append(
-            f"corpus: {corpus['pairs_read']:,} pairs read; {corpus['split']}"
+            f"corpus: {corpus['pairs_read']:,} pairs read{split}"
             + (f"; dropped before splitting: {drops}" if drops else "")
         )
     out += lines

@@ -19,6 +19,7 @@ order, the same vocabulary sample, the same ids): tests/test_prepare_scale.py ch
 from __future__ import annotations
 
 import multiprocessing
+import os
 import random
 import sys
 from collections import Counter
@@ -38,6 +39,7 @@ from wtnmt.data.dataset import IdWriter, flatten
 from wtnmt.data.io import DataError
 from wtnmt.data.stream import Pair, PairStream
 from wtnmt.data.vocab import Vocabularies, stderr_lines, train_sentencepiece
+from wtnmt.lifeline import end_with_parent
 
 
 def progress(total: int | None, unit: str, desc: str, file: TextIO | None = None):  # type: ignore[no-untyped-def]
@@ -250,6 +252,13 @@ def _start_worker(src_model: str, tgt_model: str, max_tokens: int, max_ratio: fl
     _filter = {"max_tokens": max_tokens, "max_ratio": max_ratio}
 
 
+def _start_pool_worker(parent: int, *init: Any) -> None:
+    """A pool worker's start: it ends with ``parent`` however that ends (killed, or ended by
+    a signal), then loads the vocabularies."""
+    end_with_parent(parent)
+    _start_worker(*init)
+
+
 def encode_chunk(
     pairs: list[Pair],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Counter[str]]:
@@ -303,7 +312,10 @@ def _encoded(
     with (
         _main_hidden(not fork),
         ProcessPoolExecutor(
-            workers, mp_context=context, initializer=_start_worker, initargs=init
+            workers,
+            mp_context=context,
+            initializer=_start_pool_worker,
+            initargs=(os.getpid(), *init),
         ) as pool,
     ):
         pending: list[tuple[int, Future]] = []

@@ -20,6 +20,7 @@ fewer fork-joins: two workers decoded only 1.07-1.10× as fast as one process on
 from __future__ import annotations
 
 import multiprocessing
+import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -30,6 +31,7 @@ from torch import Tensor
 
 from wtnmt.decode.search import Hypothesis, search_batch
 from wtnmt.errors import DecodingError
+from wtnmt.lifeline import end_with_parent
 
 _model: Any = None  # a worker's model (or its native engine), built once by _start
 _start_error: str | None = None  # why _start could not build it, said at the first search
@@ -41,9 +43,11 @@ class _StartFailed(RuntimeError):
     traceback on stderr)."""
 
 
-def _start(*args: Any) -> None:
-    """A worker's initializer: _build(*args), or the reason it failed into _start_error."""
+def _start(parent: int, *args: Any) -> None:
+    """A worker's initializer: it ends with ``parent`` (however that ends), then
+    _build(*args), or the reason it failed into _start_error."""
     global _start_error
+    end_with_parent(parent)
     try:
         _build(*args)
     except Exception as e:  # (MemoryError included)
@@ -120,7 +124,7 @@ class SearchWorkers:
             workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_start,
-            initargs=(model_config, sizes, state, int8, threads, engine),
+            initargs=(os.getpid(), model_config, sizes, state, int8, threads, engine),
         )
 
     def search(self, sources: Sequence[Tensor], **options: Any) -> Iterator[list[list[Hypothesis]]]:

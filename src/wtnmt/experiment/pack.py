@@ -325,9 +325,15 @@ def pack_results(grid: Grid, out: Path, *, max_bytes: int, max_files: int) -> li
             partial = out / f".{final.name}.partial"
             staged.append((partial, final))
             atomic_write(partial, data)  # fsynced; a full disk raises here
-    except BaseException:
+    except BaseException as e:
         for partial, _ in staged:
             partial.unlink(missing_ok=True)
+        if isinstance(e, OSError):  # the file, and that nothing of the training was lost
+            raise ConfigError(
+                f"--pack {out}: writing {staged[-1][1].name if staged else out} failed "
+                f"({e.strerror or e}); the runs, their results and any earlier pack there are "
+                f"kept as they were: free space and run the same command again to pack"
+            ) from None
         raise
     for partial, final in staged:
         os.replace(partial, final)

@@ -28,6 +28,7 @@ from wtnmt.experiment.pack import (
 )
 from wtnmt.experiment.plan import FINISHED, Task, plan_task
 from wtnmt.experiment.progress import Budget, Sightings, curve_end, progress_line
+from wtnmt.lifeline import PARENT_ENV
 from wtnmt.runtime import EMULATED_BF16_WARNING, bf16_emulated
 
 
@@ -82,6 +83,7 @@ def _launch(task: Task, grid: Grid) -> subprocess.Popen:
     payload = job_payload(task, grid)
     threads = str(grid.threads)
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    env[PARENT_ENV] = str(os.getpid())  # the run saves and stops if this runner is killed
     log = open(spec.run_dir / "experiment.log", "a", encoding="utf-8")
     log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {task.what}\n")
     log.flush()
@@ -296,7 +298,7 @@ def _run_tasks(  # type: ignore[no-untyped-def]
                     outcome[name] = "finished"
                     say(f"[{time.strftime('%H:%M:%S')}] {name}: finished in {minutes:.1f} min")
                     copy_finished_results(task.spec, say)
-                elif proc.returncode in (130, -signal.SIGINT, -signal.SIGTERM):
+                elif proc.returncode in (130, 143, -signal.SIGINT, -signal.SIGTERM):
                     outcome[name] = "interrupted"  # stopped at a checkpoint, from outside
                     say(
                         f"[{time.strftime('%H:%M:%S')}] {name}: interrupted; run "

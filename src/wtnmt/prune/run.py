@@ -315,6 +315,9 @@ def prune_run(
         # run resumed with `wtnmt train --resume` marks it fine-tuned when it finishes)
         summary["fine_tuned"] = False
         atomic_write(out / "prune.json", (json.dumps(summary, indent=2) + "\n").encode())
+        # the pruned weights as the checkpoint of update 0, before any training: a fine-tune
+        # killed at any moment (SIGKILL, the OOM killer) resumes with `wtnmt train --resume`
+        trainer.save()
         trainer.run()
         summary["fine_tuned"] = True
     else:

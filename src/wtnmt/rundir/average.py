@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from safetensors.torch import save
 
+from wtnmt.config import ConfigError, TrainConfig, load_config
 from wtnmt.data.vocab import holds_joint, vocabulary_files
 from wtnmt.errors import CheckpointError
 from wtnmt.rundir.checkpoints import list_checkpoints, load_state
@@ -46,11 +47,27 @@ def average_weights(paths: list[Path]) -> dict[str, torch.Tensor]:
     }
 
 
-def _last_checkpoints(run_dir: Path, last: int) -> list[Path]:
-    """The weight files of the last ``last`` checkpoints of ``run_dir``, each checked."""
+def _kept_by_the_run(run_dir: Path, states: list[Path]) -> int:
+    """``--last``'s default: the checkpoints the run keeps (its train.keep_checkpoints), or
+    as many as it saved where that is fewer (a short run)."""
+    keep = TrainConfig.keep_checkpoints
+    try:
+        keep = load_config(run_dir / "config.yaml").train.keep_checkpoints
+    except ConfigError:
+        pass  # a missing or damaged config.yaml is said once the checkpoints are read
+    if not states:
+        raise CheckpointError(f"{run_dir}: no checkpoints there to average")
+    return min(keep, len(states))
+
+
+def _last_checkpoints(run_dir: Path, last: int | None) -> list[Path]:
+    """The weight files of the last ``last`` checkpoints of ``run_dir`` (None: as many as
+    the run keeps), each checked."""
+    states = list_checkpoints(run_dir / "checkpoints")
+    if last is None:
+        last = _kept_by_the_run(run_dir, states)
     if last < 1:
         raise CheckpointError(f"--last {last}: average at least 1 checkpoint")
-    states = list_checkpoints(run_dir / "checkpoints")
     if len(states) < last:
         raise CheckpointError(
             f"{run_dir}: {len(states)} checkpoint{'s' * (len(states) != 1)} there, fewer than "
@@ -66,9 +83,10 @@ def _weights_file(tensors: dict[str, torch.Tensor]) -> bytes:
     return save(tensors, metadata={CHECKSUM_KEY: tensors_sha256(tensors)})
 
 
-def average_run(run_dir: str | Path, out: str | Path, *, last: int) -> dict[str, Any]:
-    """Average the last ``last`` checkpoints of ``run_dir`` into the new run directory
-    ``out`` (which must not exist, or be empty). Returns what was averaged."""
+def average_run(run_dir: str | Path, out: str | Path, *, last: int | None = None) -> dict[str, Any]:
+    """Average the last ``last`` checkpoints of ``run_dir`` (None: as many as the run keeps)
+    into the new run directory ``out`` (which must not exist, or be empty). Returns what was
+    averaged."""
     run_dir, out = Path(run_dir), Path(out)
     weights = _last_checkpoints(run_dir, last)
     if not (run_dir / "config.yaml").is_file():

@@ -137,16 +137,34 @@ class RunDirectory:
                     f"give the run a directory of its own, outside it"
                 )
 
-    def check_new(self) -> None:
-        """A new run may go into a new or empty directory, or one where a run of ours died
-        before its first checkpoint; never over run files wtnmt did not write, and never
-        where a model is (a finished run whose checkpoints were deleted, an averaged model)."""
+    def check_new(self, config: RunConfig | None = None) -> None:
+        """A new run may go into a new or empty directory, or one where a run of ours with
+        the same model and data died before its first checkpoint; never over run files wtnmt
+        did not write, never where a model is (a finished run whose checkpoints were deleted,
+        an averaged model), never into another run's folder (other settings, or a prune's
+        fine-tune: its curve and record would be taken for this run's)."""
         if list_checkpoints(self.checkpoints):
             raise TrainingError(
                 f"{self.path} already holds a run: add --resume to continue it, or choose "
                 f"another --out"
             )
+        if (self.path / "prune.json").is_file():
+            raise TrainingError(
+                f"{self.path}: holds a `wtnmt prune` run (prune.json): a new run here would "
+                f"train its shape from random weights under its record; finish its fine-tune "
+                f"with `wtnmt train {self.config_path} --out {self.path} --resume`, or choose "
+                f"another --out"
+            )
         ours = self.config_path.is_file() and self.config_path.read_bytes().startswith(MARK)
+        if ours and config is not None:
+            trained = yaml.safe_load(self.config_path.read_text(encoding="utf-8")) or {}
+            differences = config_differences(trained, config_to_dict(config))
+            if differences:
+                raise TrainingError(
+                    f"{self.path}: holds the files of another run (its config.yaml: "
+                    f"{'; '.join(differences[:3])}{'; …' if len(differences) > 3 else ''}); "
+                    f"choose another --out"
+                )
         vocabularies = [self.path / name for name in ALL_VOCABULARY_FILES]
         for path in (self.config_path, *vocabularies, self.weights_path):
             if path.exists() and not ours:
@@ -178,6 +196,24 @@ class RunDirectory:
                 f"another --out to train a new one"
             )
         return path, state
+
+    def reopen_curve(self, warn=print) -> None:  # type: ignore[no-untyped-def]
+        """Before a resume appends to ``metrics.jsonl``: a curve kept compressed
+        (``metrics.jsonl.gz``, ``wtnmt.stored``) is made plain again, so that the run's curve
+        stays one file (appending beside the ``.gz`` split it, and readers saw half)."""
+        from wtnmt import stored
+
+        try:
+            done = stored.reopen(self.path / "metrics.jsonl")
+        except OSError as e:
+            raise TrainingError(f"--resume: {e.filename}: {e.strerror}") from None
+        if done is not None:
+            warn(f"{self.path}: {done}")
+
+    def finished_again(self) -> None:
+        """Training goes on: a ``finished.json`` from an earlier end no longer says how the
+        run ended (the grid's runner writes it anew when this training ends)."""
+        (self.path / "finished.json").unlink(missing_ok=True)
 
     def check_vocabulary(self, state: dict[str, Any], data_dir: Path, joint: bool) -> None:
         """Refuse to resume on a vocabulary other than the one the run was trained with."""

@@ -154,6 +154,10 @@ def main_serve(args: argparse.Namespace) -> int:
     check_device(args.device)
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads {args.threads}: must be at least 1")
+    from wtnmt.runtime import threads_warning
+
+    if (said := threads_warning(args.threads)) is not None:
+        print(f"wtnmt serve: warning: {said}", file=sys.stderr)
     sock = bind(args.host, args.port)
 
     import uvicorn

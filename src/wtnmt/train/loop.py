@@ -47,7 +47,10 @@ class TrainingLoop:
         budget = self._step_budget()
         self.report.budget = (budget, tc.max_time)  # for the time left in each log line
         reason = self._stop_reason()
-        sigint = interrupt.take_over()  # Ctrl-C stops before the next update, the first too
+        if reason is None and self.is_main:
+            self.rundir.finished_again()
+        # Ctrl-C and SIGTERM stop before the next update, the first too, with a checkpoint
+        handlers = interrupt.take_over()
         try:
             while reason is None:
                 batches = self._epoch_batches(s.epoch)
@@ -62,7 +65,7 @@ class TrainingLoop:
                     s.batch_in_epoch = 0
                     reason = reason or self._stop_reason()
         except KeyboardInterrupt:
-            self.log(f"interrupted at step {s.step}: saving a checkpoint")
+            self.log(f"{interrupt.signal_name()} at step {s.step}: saving a checkpoint")
             self.save()
             self.log(
                 f"resume with: wtnmt train {self.run_dir / 'config.yaml'} --out "
@@ -70,7 +73,7 @@ class TrainingLoop:
             )
             raise
         finally:
-            interrupt.give_back(sigint)
+            interrupt.give_back(handlers)
             if progress is not None:
                 progress.close()
                 self.report.bar = None
@@ -182,7 +185,8 @@ class TrainingLoop:
     def _log_window(self, ratio: float | None, progress: Any) -> None:
         lr, lr_b = self._lrs
         self.report.step(
-            self.state, self._window, model=self.model, lr=lr, lr_branch=lr_b, ratio=ratio,
+            self.state, self._window, model=self.model, lr=lr,
+            lr_branch=lr_b if self.branch_params else None, ratio=ratio,
             world=self.world, progress=progress,
         )  # fmt: skip
         self._window = Window()

@@ -5,12 +5,23 @@ always the faster: on an Intel Sapphire Rapids CPU the demo's small model made 4
 
 The measurement is a forward and backward pass of each batch in each precision (the optimizer
 step costs the same in both), once to warm up and then timed; the model's weights, gradients
-and the random stream are left as they were."""
+and the random stream are left as they were.
+
+The choice is made once for a CPU, PyTorch build, thread count, model and batch size, and kept
+(``precision.json`` in ``$WTNMT_CACHE_DIR``, else ``~/.cache/wtnmt``, or
+``$XDG_CACHE_HOME/wtnmt``): the same config on the
+same machine then trains in the same precision every time, without measuring again (a
+measurement at a busy moment chose float32 once and bf16 later). bf16 is chosen only where it
+is clearly the faster (``MARGIN``), so that noise in a near tie cannot decide."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import time
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,6 +30,8 @@ import torch.nn.functional as F
 from wtnmt.special import PAD
 
 LABELS = {"fp32": "float32", "bf16": "bf16 autocast"}
+MARGIN = 0.9  # bf16 is chosen where its pass takes at most this fraction of float32's
+CACHE_NAME = "precision.json"
 
 
 def time_precisions(
@@ -64,8 +77,10 @@ def time_precisions(
 
 
 def faster(seconds: dict[str, float]) -> tuple[str, str]:
-    """The faster precision of ``seconds``, and a line that says what was measured."""
-    chosen = min(seconds, key=seconds.__getitem__)
+    """The precision ``seconds`` choose (bf16 only where clearly the faster, ``MARGIN``), and
+    a line that says what was measured."""
+    bf16, fp32 = seconds.get("bf16"), seconds.get("fp32")
+    chosen = "bf16" if bf16 is not None and (fp32 is None or bf16 <= MARGIN * fp32) else "fp32"
     measured = ", ".join(f"{LABELS[p]} {s:.2f} s" for p, s in seconds.items())
     return chosen, (
         f"train.precision=auto: a forward and backward pass of this run's first batches took "
@@ -73,4 +88,75 @@ def faster(seconds: dict[str, float]) -> tuple[str, str]:
     )
 
 
-__all__ = ["faster", "time_precisions"]
+def choice_key(parts: dict[str, Any]) -> str:
+    """The key a choice is kept under: a digest of what decides it (the CPU, the PyTorch
+    build, the threads, the model's config, the batch size)."""
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _cache_file() -> Path:
+    from wtnmt.data.corpora import cache_root
+
+    own = os.environ.get("WTNMT_CACHE_DIR")
+    return (Path(own) if own else cache_root()) / CACHE_NAME
+
+
+def remembered(key: str) -> dict[str, Any] | None:
+    """The choice kept under ``key``, None where there is none (or the file is unreadable)."""
+    try:
+        kept = json.loads(_cache_file().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    entry = kept.get(key) if isinstance(kept, dict) else None
+    ok = isinstance(entry, dict) and entry.get("precision") in LABELS
+    return entry if ok else None
+
+
+def remember(key: str, entry: dict[str, Any]) -> str | None:
+    """Keep ``entry`` under ``key``; the file written, or None where it cannot be (a read-only
+    home): the choice then holds for this run only."""
+    from wtnmt.rundir.files import atomic_write
+
+    path = _cache_file()
+    try:
+        kept = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        kept = kept if isinstance(kept, dict) else {}
+    except (OSError, ValueError):
+        kept = {}
+    kept[key] = entry
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, (json.dumps(kept, indent=1, sort_keys=True) + "\n").encode())
+    except OSError:
+        return None
+    return str(path)
+
+
+def choose_precision(
+    parts: dict[str, Any],
+    measure: Any,  # measure: () -> {precision: seconds}
+) -> tuple[str, str]:
+    """The precision for a run whose deciding ``parts`` are these: the one kept for them, else
+    ``measure()``'s choice, then kept. Returns it and the line that says how it was chosen."""
+    key = choice_key(parts)
+    entry = remembered(key)
+    if entry is not None:
+        return entry["precision"], (
+            f"train.precision=auto: training in {LABELS[entry['precision']]}, as measured on "
+            f"this CPU, PyTorch, thread count, model and batch size on {entry.get('date', '?')} "
+            f"({_cache_file()}; delete it to measure again)"
+        )
+    seconds = measure()
+    chosen, said = faster(seconds)
+    entry = {
+        "precision": chosen,
+        "seconds": {p: round(s, 3) for p, s in seconds.items()},
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    where = remember(key, entry)
+    kept = f"; kept in {where} for the next run" if where else "; not kept (cache unwritable)"
+    return chosen, said + kept
+
+
+__all__ = ["choice_key", "choose_precision", "faster", "remember", "remembered", "time_precisions"]

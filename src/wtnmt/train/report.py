@@ -200,7 +200,7 @@ class RunReport:
         *,
         model: nn.Module,
         lr: float,
-        lr_branch: float,
+        lr_branch: float | None,
         ratio: float | None,
         world: int,
         progress: Any,
@@ -217,7 +217,7 @@ class RunReport:
             "nll": round(nll, 4),
             "ppl": round(math.exp(min(nll, 50)), 2),
             "lr": lr,
-            "lr_branch": lr_branch,
+            **({} if lr_branch is None else {"lr_branch": lr_branch}),
             "grad_norm": round(window.grad_norm / max(window.updates, 1), 4),
             "tokens_per_s": round(window.tokens * world / max(seconds, 1e-9), 1),
             "elapsed": round(s.elapsed, 1),
@@ -236,7 +236,9 @@ class RunReport:
         self.record(entry)
         text = (
             f"step {s.step} | epoch {s.epoch} | loss {loss:.3f} | nll {nll:.3f} | "
-            f"ppl {entry['ppl']:.1f} | lr {lr:.2e} | lr κα {lr_branch:.2e} | gnorm "
+            f"ppl {entry['ppl']:.1f} | lr {lr:.2e} | "
+            + ("" if lr_branch is None else f"lr κα {lr_branch:.2e} | ")
+            + "gnorm "
             f"{entry['grad_norm']:.2f} | {entry['tokens_per_s']:.0f} tok/s | "
             f"{s.elapsed:.0f}s" + time_left(s, self.budget, seconds / max(window.updates, 1))
         )

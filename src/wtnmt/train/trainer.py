@@ -151,11 +151,12 @@ class Trainer(TrainingLoop):
             if resume:
                 self._resume_from = self.rundir.resume_point(self.config, warn=self.log)
             else:
-                self.rundir.check_new()
+                self.rundir.check_new(self.config)
             if data_dir is None:
                 prepare(c, self.data_dir, log=self.log)
             if self._resume_from is not None:
                 self.rundir.check_vocabulary(self._resume_from[1], self.data_dir, c.joint_vocab)
+                self.rundir.reopen_curve(warn=self.log)
             self.rundir.write_setup(self.config, self.data_dir)
         if self.world > 1:
             dist.barrier()
@@ -231,10 +232,24 @@ class Trainer(TrainingLoop):
     # One update
 
     def _measure_precision(self) -> None:
-        from wtnmt.train.precision_probe import faster, time_precisions
+        """train.precision=auto where bf16 is native: the choice kept for this CPU, PyTorch,
+        thread count, model and batch size, else measured on the first batches and kept."""
+        from wtnmt.config import config_to_dict
+        from wtnmt.runtime import cpu_description
+        from wtnmt.train.precision_probe import choose_precision, time_precisions
 
-        batches = [self.train_data.collate(b) for b in self._epoch_batches(0)[:2]]
-        self.precision, said = faster(time_precisions(self.model, batches, self.device))
+        def measure() -> dict[str, float]:
+            batches = [self.train_data.collate(b) for b in self._epoch_batches(0)[:2]]
+            return time_precisions(self.model, batches, self.device)
+
+        parts = {
+            "cpu": cpu_description(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "model": config_to_dict(self.config.model),
+            "max_tokens": self.tc.max_tokens,
+        }
+        self.precision, said = choose_precision(parts, measure)
         self.log(said)
 
     def _precision_label(self) -> str:
