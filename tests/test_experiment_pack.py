@@ -174,8 +174,11 @@ def test_a_pack_that_fails_midway_leaves_the_earlier_pack_whole(tmp_path, monkey
         written(path, data)
 
     monkeypatch.setattr(pack, "atomic_write", full_disk)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(ConfigError) as refused:  # the file, and that nothing was lost
         pack_results(grid, Path("out"), max_bytes=60_000, max_files=8)
+    said = str(refused.value)
+    assert "writing results-02.tar.gz failed (No space left on device)" in said
+    assert "the runs, their results and any earlier pack there are kept" in said
     assert {a.name: a.read_bytes() for a in Path("out").iterdir()} == earlier
     monkeypatch.setattr(pack, "atomic_write", written)
     again = pack_results(grid, Path("out"), max_bytes=60_000, max_files=8)  # room again

@@ -343,6 +343,62 @@ def test_an_interrupted_fine_tune_keeps_its_record_and_says_how_to_finish(
     assert load_config(out / "config.yaml").prune.fine_tune_steps == 4
 
 
+def test_a_fine_tune_killed_before_its_first_update_resumes_and_a_fresh_train_is_refused(
+    run, tmp_path, capsys, monkeypatch
+):
+    """A fine-tune killed at once (SIGKILL, the OOM killer: no handler saves anything): the
+    pruned weights are the checkpoint of update 0, so `--resume` finishes it as a fine-tune
+    never stopped; a fresh `wtnmt train` into its folder (which trained the pruned shape from
+    random weights under the prune's record) is refused in one line."""
+    from wtnmt.train.loop import TrainingLoop
+
+    argv = ["prune", str(run), "--keep", "1", "--criterion", "random", "--fine-tune", "4"]
+    assert main([*argv, "--out", str(tmp_path / "straight")]) == 0
+    out = tmp_path / "killed"
+
+    def killed(self):  # type: ignore[no-untyped-def]
+        raise SystemExit(137)  # the process ends here: nothing after it runs
+
+    monkeypatch.setattr(TrainingLoop, "_train", killed)
+    with pytest.raises(SystemExit):
+        main([*argv, "--out", str(out)])
+    monkeypatch.undo()
+    assert json.loads((out / "prune.json").read_text())["fine_tuned"] is False
+    capsys.readouterr()
+    assert main(["train", str(out / "config.yaml"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "already holds a run: add --resume" in err
+    saved = sorted((out / "checkpoints").iterdir())
+    for path in saved:  # without its checkpoint, the prune's record still refuses it
+        path.rename(tmp_path / path.name)
+    assert main(["train", str(out / "config.yaml"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds a `wtnmt prune` run (prune.json)" in err
+    for path in saved:
+        (tmp_path / path.name).rename(path)
+    assert main(["train", str(out / "config.yaml"), "--out", str(out), "--resume"]) == 0
+    assert json.loads((out / "prune.json").read_text())["fine_tuned"] is True
+    a, b = (read_weights(d / "model.safetensors") for d in (tmp_path / "straight", out))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_fresh_run_is_refused_in_the_folder_of_a_run_with_other_settings(tmp_path, capsys):
+    """A run that died before its first checkpoint left its files; a new run of another model
+    there would append to its curve, under its name: refused, naming what differs."""
+    config = tiny_run_config(tmp_path, train={"max_steps": 1})
+    out = tmp_path / "run"
+    trainer = Trainer(config, out, log_to_stderr=False)  # its files written, no update yet
+    trainer.rundir.unlock()
+    other = tmp_path / "other.yaml"
+    values = config_to_dict(config)
+    values["model"]["d_model"] = 64
+    other.write_text(yaml.safe_dump(values))
+    assert main(["train", str(other), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds the files of another run" in err
+    assert "model.d_model 32 → 64" in err
+
+
 def test_the_config_refuses_a_kept_branch_list_that_does_not_fit():
     values = config_to_dict(load_config("weighted-tiny"))
     values["model"]["kept_branches"] = {"encoder": [[0], [1]], "decoder": [[0, 4], [1]]}

@@ -106,3 +106,65 @@ def test_the_runners_copies_keep_a_compressed_file_compressed(tmp_path):
     (tries / "r-s1.try1.metrics.jsonl.gz").write_bytes(stored.gzip_bytes(b"x\n"))
     (tries / "r-s1.try2.metrics.jsonl").write_bytes(b"y\n")
     assert _tries(tries, "r-s1") == [1, 2]
+
+
+def test_a_resumed_run_reopens_its_compressed_curve_and_never_splits_it(tmp_path, capsys):
+    """`python -m wtnmt.stored RUN` (before a commit), then a resume with a larger budget: the
+    curve stays one file holding every step, which the next compression keeps whole (the
+    resume wrote a second, plain curve of its own steps only, and compressing again dropped
+    the first); the earlier end's finished.json goes while training goes on."""
+    from helpers import tiny_run_config
+    from wtnmt.analysis.metrics import read_metrics
+    from wtnmt.train import Trainer
+
+    short = tiny_run_config(tmp_path, train={"max_steps": 4, "log_every": 1})
+    run = tmp_path / "run"
+    Trainer(short, run, log_to_stderr=False).run()
+    (run / "finished.json").write_text('{"finished": "max_steps"}\n')  # as a grid marks it
+    assert [e["step"] for e in read_metrics(run / "metrics.jsonl") if "loss" in e] == [1, 2, 3, 4]
+    assert stored.main([str(run)]) == 0 and not (run / "metrics.jsonl").exists()
+    longer = tiny_run_config(tmp_path, train={"max_steps": 8, "log_every": 1})
+    trainer = Trainer(longer, run, resume=True, log_to_stderr=False)
+    assert (run / "metrics.jsonl").is_file() and not (run / "metrics.jsonl.gz").exists()
+    trainer.run()
+    assert not (run / "finished.json").exists()
+    steps = [e["step"] for e in read_metrics(run / "metrics.jsonl") if "loss" in e]
+    assert steps == list(range(1, 9))  # the first four from before the resume, kept
+    (run / "finished.json").write_text('{"finished": "max_steps"}\n')
+    assert stored.main([str(run)]) == 0
+    assert [e["step"] for e in read_metrics(run / "metrics.jsonl") if "loss" in e] == steps
+
+
+def test_a_split_curve_is_joined_never_dropped_and_overlapping_ones_are_left(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    early = b"".join(b'{"step": %d, "loss": 2.0}\n' % i for i in range(1, 5))
+    late = b"".join(b'{"step": %d, "loss": 1.0}\n' % i for i in range(5, 9))
+    (run / "metrics.jsonl.gz").write_bytes(stored.gzip_bytes(early))
+    (run / "metrics.jsonl").write_bytes(late)  # what a resume wrote before this was fixed
+    assert stored.main([str(tmp_path)]) == 0
+    assert stored.read_bytes(run / "metrics.jsonl") == early + late
+    assert "joined" in capsys.readouterr().err
+    (run / "metrics.jsonl.gz").unlink()
+    (run / "metrics.jsonl.gz").write_bytes(stored.gzip_bytes(early))
+    (run / "metrics.jsonl").write_bytes(early[:30] + b"\n" + late)  # steps that overlap
+    assert stored.main([str(tmp_path)]) == 0
+    assert "neither goes on from the other" in capsys.readouterr().err
+    assert (run / "metrics.jsonl").is_file() and (run / "metrics.jsonl.gz").is_file()  # both kept
+
+
+@pytest.mark.parametrize("damage", ["cut short", "plain"])
+def test_a_damaged_compressed_curve_is_one_line_naming_it(tmp_path, capsys, damage):
+    from helpers import train_tiny
+    from wtnmt.cli import main
+
+    run = train_tiny(tmp_path)
+    curve = (run / "metrics.jsonl").read_bytes()
+    (run / "metrics.jsonl").unlink()
+    packed = stored.gzip_bytes(curve)
+    content = packed[: len(packed) // 2] if damage == "cut short" else curve
+    reason = "a gzip file cut short" if damage == "cut short" else "not a whole gzip file"
+    (run / "metrics.jsonl.gz").write_bytes(content)
+    assert main(["analyze", str(run), "--no-decode", "--out", str(tmp_path / "report")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(run / "metrics.jsonl.gz") in err and reason in err

@@ -7,6 +7,7 @@ The lowest layer of the package: it imports nothing of wtnmt.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import stat
@@ -39,6 +40,21 @@ def process_gone(pid: int) -> bool:
         return True
     except OSError:  # alive, under another user
         return False
+    return False
+
+
+def locked_by_another(lock: Path) -> bool:
+    """Whether another process holds the ``fcntl`` lock on the file ``lock`` (a run being
+    written now). Reads only: a lock taken here to ask is released at once."""
+    if not lock.is_file():
+        return False
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing releases it again where it was taken
     return False
 
 

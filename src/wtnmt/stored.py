@@ -19,6 +19,8 @@ import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from wtnmt.safe_files import atomic_write, locked_by_another
+
 GZ = ".gz"
 # what is stored compressed: a run's curve, a try's curve, kept decodings
 PATTERNS = ("metrics.jsonl", "*.metrics.jsonl", "*.hyp", "*.hyp.~*~")
@@ -83,8 +85,6 @@ def gzip_bytes(data: bytes) -> bytes:
 def write_as_kept(path: Path, data: bytes) -> Path:
     """``data`` written whole to ``path``, or to its ``.gz`` (compressed) where the file is
     kept compressed (only the ``.gz`` is there); returns the file written."""
-    from wtnmt.safe_files import atomic_write
-
     packed = compressed(path)
     if packed.is_file() and not path.exists():
         atomic_write(packed, gzip_bytes(data))
@@ -100,8 +100,6 @@ def reopen(path: Path) -> str | None:
     they are joined when the ``.gz`` ends before the plain file begins, or the plain file goes
     on from the ``.gz``'s lines. Returns what was done (None: nothing to do); an OSError naming
     both where neither holds: nothing is removed then."""
-    from wtnmt.safe_files import atomic_write
-
     packed = compressed(path)
     if not packed.is_file():
         return None
@@ -159,8 +157,6 @@ def remove(path: str | Path) -> None:
 def compress(path: Path) -> Path:
     """``path`` → ``path.gz``, written whole (a temporary file renamed) and read back before
     ``path`` is removed; returns the ``.gz``."""
-    from wtnmt.safe_files import atomic_write
-
     data = path.read_bytes()
     target = compressed(path)
     atomic_write(target, gzip_bytes(data))
@@ -176,11 +172,7 @@ def _busy(run_dir: Path) -> bool:
     resume (checkpoints and no finished.json)."""
     if (run_dir / "checkpoints").is_dir() and not (run_dir / "finished.json").is_file():
         return True
-    if (run_dir / ".lock").is_file():
-        from wtnmt.rundir.run import RunDirectory
-
-        return RunDirectory(run_dir).busy()
-    return False
+    return locked_by_another(run_dir / ".lock")
 
 
 def candidates(roots: Iterable[Path]) -> Iterator[Path]:

@@ -31,7 +31,7 @@ from wtnmt.data.vocab import ALL_VOCABULARY_FILES, Vocabularies, vocabulary_file
 from wtnmt.errors import CheckpointError, TrainingError
 from wtnmt.rundir.checkpoints import latest_checkpoint, list_checkpoints
 from wtnmt.rundir.files import atomic_write, load_weights
-from wtnmt.safe_files import file_in_the_way
+from wtnmt.safe_files import file_in_the_way, locked_by_another
 
 # where the data lies, not what it is: these may change between a run and its resume
 RELOCATABLE = {("data", "prepared_dir"), ("data", "corpus_dir")}
@@ -107,17 +107,9 @@ class RunDirectory:
 
     def busy(self) -> bool:
         """Whether another process holds the lock (is writing this run now). Reads only."""
-        lock = self.path / ".lock"
-        if self._lock_fd is not None or not lock.is_file():
+        if self._lock_fd is not None:
             return False
-        fd = os.open(lock, os.O_RDWR)
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        finally:
-            os.close(fd)  # closing releases it again where it was taken
-        return False
+        return locked_by_another(self.path / ".lock")
 
     def unlock(self) -> None:
         if self._lock_fd is not None:
@@ -156,6 +148,11 @@ class RunDirectory:
                 f"another --out"
             )
         ours = self.config_path.is_file() and self.config_path.read_bytes().startswith(MARK)
+        if ours and self.weights_path.exists():
+            raise TrainingError(
+                f"{self.path} already holds a model ({self.weights_path.name}); a new run would "
+                f"overwrite it: choose another --out"
+            )
         if ours and config is not None:
             trained = yaml.safe_load(self.config_path.read_text(encoding="utf-8")) or {}
             differences = config_differences(trained, config_to_dict(config))
