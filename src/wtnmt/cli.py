@@ -317,7 +317,9 @@ def _add_unpack(commands: argparse._SubParsersAction) -> None:
         "unpack",
         help="put a pack's results (experiment --pack DIR) back where the grid puts them",
         description="Extract the archives of `wtnmt experiment --pack DIR` into the working "
-        "directory. Every archive is checked whole first (one cut short refuses them all); "
+        "directory. Every archive is read through and checked first (one cut short, holding "
+        "a member twice, or a file where another member needs a directory refuses them all, "
+        "nothing written); "
         "a file already there is never replaced by a shorter copy that does not continue it.",
     )
     p.add_argument(
@@ -330,6 +332,14 @@ def _add_unpack(commands: argparse._SubParsersAction) -> None:
         "--replace-longer",
         action="store_true",
         help="take the archive's file even where a longer one it does not continue is there",
+    )
+    p.add_argument(
+        "--max-expanded",
+        type=size,
+        default="2G",
+        metavar="BYTES",
+        help="refuse archives that would expand to more than this in all (2G; a pack of "
+        "results is far less)",
     )
     p.set_defaults(func=cmd_unpack)
 

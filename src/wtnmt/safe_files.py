@@ -94,6 +94,15 @@ def atomic_write(path: Path, data: bytes) -> None:
         f.write(data)
 
 
+def atomic_copy(path: Path, source: Path, chunk: int = 1 << 20) -> None:
+    """The file ``source`` copied into ``path`` as ``atomic_write`` writes, a chunk at a
+    time (never held in memory whole)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _replacing(path, "wb", None) as f, open(source, "rb") as src:
+        shutil.copyfileobj(src, f, chunk)
+
+
 def file_in_the_way(directory: str | Path) -> Path | None:
     """The file (not a directory) that stands where ``directory`` or one of its parents
     should be, so that it cannot be made: ``FILE/x`` → ``FILE``; None when there is none."""

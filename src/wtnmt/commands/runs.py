@@ -222,6 +222,7 @@ def cmd_unpack(args: argparse.Namespace) -> int:
         [Path(p) for p in args.paths],
         Path(args.into),
         replace_longer=args.replace_longer,
+        max_expanded=args.max_expanded,
         say=lambda m: print(m, file=sys.stderr),
     )
     print(
