@@ -56,6 +56,35 @@ def test_evaluate_tokenize_scores_bleu_as_sacrebleu_does_and_records_it(run_dir,
         assert not (run_dir / "eval" / "s.tok-ja-mecab.hyp").exists()
 
 
+def test_flores_tokenization_offline_says_it_needs_a_download(
+    run_dir, tmp_path, capsys, monkeypatch
+):
+    """spBLEU's SentencePiece model is downloaded by sacreBLEU on first use: with no network
+    (here urllib refuses, as an offline machine's would) the one line names the URL, the file
+    and what to do, before anything is decoded."""
+    import urllib.error
+    import urllib.request
+
+    from sacrebleu.tokenizers import tokenizer_spm
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    monkeypatch.setattr(tokenizer_spm, "SACREBLEU_DIR", str(tmp_path / "sacrebleu"))
+    src, ref = tmp_path / "s.txt", tmp_path / "r.txt"
+    src.write_text("alpha beta\n")
+    ref.write_text("ALPHA BETA\n")
+    capsys.readouterr()
+    args = ["evaluate", str(run_dir), "--src", str(src), "--ref", str(ref)]
+    assert cli([*args, "--tokenize", "flores200"]) == 2
+    model = tmp_path / "sacrebleu" / "models" / "flores200sacrebleuspm"
+    one_line(
+        capsys, "evaluate", "--tokenize flores200: needs sacreBLEU's SentencePiece", str(model)
+    )
+    assert not (run_dir / "eval" / "s.tok-flores200.hyp").exists()
+
+
 def test_evaluate_scores_the_runs_own_split_of_its_own_files(run_dir, tmp_path, capsys):
     from wtnmt import Translator
     from wtnmt.config import load_config

@@ -190,9 +190,14 @@ def test_a_damaged_or_mismatched_export_is_refused_in_one_line(learned, tmp_path
         model.embedding.weight.mul_(1.01)
     save_weights(model, other / "model.safetensors")
     shutil.copytree(run / "onnx", other / "onnx")
-    _one_line_error(capsys, [*argv[:1], str(other), *argv[2:]], "model.safetensors", "--force")
+    _one_line_error(
+        capsys, [*argv[:1], str(other), *argv[2:]], "model.safetensors", f"onnx {other} --force"
+    )
+    # a damaged export.json: the advice is export's command (translate has no --force)
     (run / "onnx" / "export.json").write_text("{")
-    _one_line_error(capsys, argv, "export.json", "unreadable")
+    _one_line_error(capsys, argv, "export.json", f"`wtnmt export onnx {run} --force`")
+    (run / "onnx" / "export.json").write_text('{"format": "other"}')
+    _one_line_error(capsys, argv, "not an export of format", f"`wtnmt export onnx {run} --force`")
 
 
 def test_translate_exports_on_first_use_and_export_replaces_only_its_own_export(

@@ -221,3 +221,32 @@ def test_standard_input_without_a_descriptor_is_read_from_its_buffer(tmp_path, m
     assert cli(_prepare_args(src, tgt, str(tmp_path / "files"))) == 0
     for name in ("train.tgt.npy", "valid.yy", "test.yy"):
         assert (tmp_path / "dash" / name).read_bytes() == (tmp_path / "files" / name).read_bytes()
+
+
+def test_runs_that_differ_in_build_options_get_folders_of_their_own(tmp_path):
+    """The default prepared_dir ends in {options}: nothing for the defaults (the folder every
+    earlier run used), a digest of the differing options otherwise; two runs that differ in
+    their vocabulary each keep their build, neither rebuilding the other's."""
+    from helpers import tiny_run_config
+    from wtnmt.config.sections import DataConfig
+    from wtnmt.data import prepare
+
+    assert DataConfig().prepared_path() == Path("data-bin/tatoeba-deu-eng.en-de")
+    assert DataConfig(corpus="multi30k").prepared_path() == Path("data-bin/multi30k.en-de")
+    default = DataConfig.prepared_dir
+    base = tiny_run_config(tmp_path).data
+    small = dataclasses.replace(base, prepared_dir=str(tmp_path / default))
+    large = dataclasses.replace(small, vocab_size=70)
+    separate = dataclasses.replace(small, joint_vocab=False)
+    paths = [c.prepared_path() for c in (small, large, separate)]
+    assert len(set(paths)) == 3 and all(p.parent == tmp_path / "data-bin" for p in paths)
+    assert dataclasses.replace(large, prepared_dir="mine").prepared_path() == Path("mine")
+    logs: list[str] = []
+    for config in (small, large, separate):
+        prepare(config, config.prepared_path(), log=logs.append)
+    made = {p: (p / "train.src.npy").stat().st_mtime_ns for p in paths}
+    logs.clear()
+    for config in (small, large, separate):  # again, in turn: each is up to date
+        prepare(config, config.prepared_path(), log=logs.append)
+    assert {p: (p / "train.src.npy").stat().st_mtime_ns for p in paths} == made
+    assert sum("up to date" in line for line in logs) == 3, logs

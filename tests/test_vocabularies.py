@@ -224,3 +224,27 @@ def test_a_directory_prepared_before_joint_vocab_existed_stays_current(tmp_path)
     assert key == hashlib.sha256(before.encode()).hexdigest()
     separate = tiny_run_config(tmp_path, data={"joint_vocab": False}).data
     assert fingerprint(separate, [Path(f) for f in files])[0] != key
+
+
+def test_vocabularies_swapped_with_their_checksums_are_refused_as_not_the_weights(
+    run, tmp_path, capsys
+):
+    """Each vocabulary matches its own .sha256, yet they are not the ones the weights were
+    trained with: the hash in model.safetensors' header (and in an average's) says so."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns(".lock"))
+    Translator.load(copy)  # the run as trained loads
+    assert cli(["average", str(copy), "--last", "2", "--out", str(tmp_path / "avg")]) == 0
+    for run_dir in (copy, tmp_path / "avg"):
+        for suffix in ("", ".sha256"):
+            src, tgt = run_dir / f"spm.src.model{suffix}", run_dir / f"spm.tgt.model{suffix}"
+            a, b = src.read_bytes(), tgt.read_bytes()
+            src.write_bytes(b), tgt.write_bytes(a)
+        with pytest.raises(CheckpointError, match=r"not the vocabularies model\.safetensors was"):
+            Translator.load(run_dir)
+        capsys.readouterr()
+        assert cli(["translate", str(run_dir), "-i", "-"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "were they swapped or replaced?" in err

@@ -6,9 +6,11 @@ config/checks.py."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
@@ -41,8 +43,10 @@ class DataConfig:
     valid_tgt: str | None = None  # dev target file
     test_src: str | None = None  # test source file (else test is held out of train)
     test_tgt: str | None = None  # test target file
-    # where prepare writes the ids and vocabulary (relative to the working directory)
-    prepared_dir: str = "data-bin/{corpus}.{src_lang}-{tgt_lang}"
+    # where prepare writes the ids and vocabulary (relative to the working directory);
+    # {options}: nothing where every build option below is the default, else a digest of
+    # those that differ, so that runs with other settings never rebuild each other's folder
+    prepared_dir: str = "data-bin/{corpus}.{src_lang}-{tgt_lang}{options}"
     # Tatoeba has no standard split: a seeded split by unique English sentence.
     split_seed: int = 1
     train_size: int | None = None  # None: everything not in dev/test
@@ -114,12 +118,30 @@ class DataConfig:
                 raise ConfigError(f"data.{side}_src and data.{side}_tgt go together: set both")
 
     def prepared_path(self) -> Path:
-        """``prepared_dir`` with its {corpus}, {src_lang} and {tgt_lang} filled in."""
+        """``prepared_dir`` with its {corpus}, {src_lang}, {tgt_lang} and {options} filled in."""
         return Path(
             self.prepared_dir.format(
-                corpus=self.corpus or "custom", src_lang=self.src_lang, tgt_lang=self.tgt_lang
+                corpus=self.corpus or "custom",
+                src_lang=self.src_lang,
+                tgt_lang=self.tgt_lang,
+                options=self.options_suffix(),
             )
         )
+
+    def options_suffix(self) -> str:
+        """``""`` where every option that changes what prepare builds (beside the corpus and
+        the languages, which the folder's name says) is the default; else ``.`` and eight hex
+        digits of a hash of those that differ (files: their paths)."""
+        named = {"corpus", "src_lang", "tgt_lang", "prepared_dir", "corpus_dir"}
+        changed = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in named and getattr(self, f.name) != f.default
+        }
+        if not changed:
+            return ""
+        text = json.dumps(changed, sort_keys=True, default=str)
+        return "." + hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 @dataclass(frozen=True)

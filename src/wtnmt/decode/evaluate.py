@@ -5,6 +5,7 @@ between two systems (as sacreBLEU computes it)."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,14 +26,43 @@ def check_tokenizer(tokenize: str) -> None:
     packages are missing (a ConfigError naming what to install)."""
     if tokenize not in TOKENIZERS:
         raise ConfigError(f"--tokenize {tokenize}: one of {', '.join(TOKENIZERS)}")
+    model = spm_model(tokenize)
     try:
         BLEU(tokenize=tokenize).corpus_score(["a"], [["a"]])
+    except SystemExit:  # sacreBLEU's download, failed on an SSL error
+        raise ConfigError(_download_failed(tokenize, model, "an SSL error")) from None
     except (RuntimeError, ImportError, OSError) as e:  # sacreBLEU: missing extras
+        if model is not None and not model[1].is_file():
+            raise ConfigError(_download_failed(tokenize, model, str(e).strip())) from None
         install = next((ln.strip() for ln in str(e).splitlines() if "pip install" in ln), "")
         raise ConfigError(
             f"--tokenize {tokenize}: sacreBLEU cannot tokenize so here"
             + (f" ({install})" if install else f" ({str(e).strip().splitlines()[0]})")
         ) from None
+
+
+def spm_model(tokenize: str) -> tuple[str, Path] | None:
+    """(URL, local file) of the SentencePiece model sacreBLEU's ``tokenize`` (flores101,
+    flores200) downloads on its first use, into $SACREBLEU (~/.sacrebleu)/models; None for
+    the tokenizations that need no file."""
+    try:
+        from sacrebleu.tokenizers import tokenizer_spm
+    except ImportError:
+        return None
+    entry = tokenizer_spm.SPM_MODELS.get(tokenize)
+    if entry is None:
+        return None
+    name = os.path.basename(entry["url"])
+    return entry["url"], Path(tokenizer_spm.SACREBLEU_DIR) / "models" / name
+
+
+def _download_failed(tokenize: str, model: tuple[str, Path], reason: str) -> str:
+    url, path = model
+    return (
+        f"--tokenize {tokenize}: needs sacreBLEU's SentencePiece model, downloaded once from "
+        f"{url} into {path}, and that download failed ({reason.splitlines()[0]}): connect "
+        f"once, or copy the file there from a machine that has it ($SACREBLEU sets the folder)"
+    )
 
 
 def score_corpus(

@@ -319,6 +319,12 @@ def export_onnx(
     return target
 
 
+def again(directory: Path, run: Path) -> str:
+    """The command that makes the export in ``directory`` anew (``--force`` is export's)."""
+    out = "" if directory == run / "onnx" else f" --out {directory}"
+    return f"`wtnmt export onnx {run}{out} --force`"
+
+
 def read_export(directory: str | Path, run: str | Path, *, weights: str, quantize: str) -> dict:
     """The metadata of the export in ``directory``, checked against the run's weights and
     vocabulary and against its files' sha256; every mismatch is an ExportError naming it."""
@@ -329,9 +335,13 @@ def read_export(directory: str | Path, run: str | Path, *, weights: str, quantiz
     except FileNotFoundError:
         raise ExportError(f"{directory}: no {META}; run `wtnmt export onnx {run}`") from None
     except (OSError, ValueError) as e:
-        raise ExportError(f"{path}: unreadable ({e})") from None
+        raise ExportError(
+            f"{path}: unreadable ({e}; damaged): export again with {again(directory, run)}"
+        ) from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise ExportError(f"{path}: not an export of format {FORMAT}; export again with --force")
+        raise ExportError(
+            f"{path}: not an export of format {FORMAT}; export again with {again(directory, run)}"
+        )
     joint = holds_joint(run)
     current = {
         "weights_sha256": (run / weights, lambda: sha256_of(run / weights)),
@@ -344,7 +354,7 @@ def read_export(directory: str | Path, run: str | Path, *, weights: str, quantiz
         if meta.get(key) != digest():
             raise ExportError(
                 f"{directory}: exported from another {file.name} than {file}'s (sha256 "
-                f"differs); export again with `wtnmt export onnx {run} --force`"
+                f"differs); export again with {again(directory, run)}"
             )
     files = meta.get("files", {})
     for name in GRAPHS:

@@ -34,6 +34,7 @@ from wtnmt.config import (
     config_to_dict,
     parse_override,
 )
+from wtnmt.data.vocab import vocabularies_sha256
 from wtnmt.errors import CheckpointError
 from wtnmt.model import build_like, count_parameters
 from wtnmt.model.pruning import branched_sublayers, prune_state, pruned_config
@@ -327,7 +328,8 @@ def prune_run(
         text = yaml.safe_dump(config_to_dict(pruned), sort_keys=False)
         atomic_write(out / "config.yaml", MARK + text.encode())
         copy_vocabularies(run, out)
-        save_weights(small, out / "model.safetensors")
+        vocabulary = vocabularies_sha256(out, pruned.data.joint_vocab)
+        save_weights(small, out / "model.safetensors", vocabulary=vocabulary)
     summary["seconds"] = round(time.perf_counter() - start, 1)
     atomic_write(out / "prune.json", (json.dumps(summary, indent=2) + "\n").encode())
     return summary

@@ -19,7 +19,7 @@ from wtnmt.config import ConfigError, TrainConfig, load_config
 from wtnmt.data.vocab import holds_joint, vocabulary_files
 from wtnmt.errors import CheckpointError
 from wtnmt.rundir.checkpoints import list_checkpoints, load_state
-from wtnmt.rundir.files import CHECKSUM_KEY, atomic_write, read_weights, tensors_sha256
+from wtnmt.rundir.files import atomic_write, read_weights, recorded_vocabulary, weights_metadata
 from wtnmt.rundir.run import copy_vocabularies
 
 
@@ -79,8 +79,9 @@ def _last_checkpoints(run_dir: Path, last: int | None) -> list[Path]:
     return [s.with_name(s.name.replace(".state.pt", ".safetensors")) for s in chosen]
 
 
-def _weights_file(tensors: dict[str, torch.Tensor]) -> bytes:
-    return save(tensors, metadata={CHECKSUM_KEY: tensors_sha256(tensors)})
+def _weights_file(tensors: dict[str, torch.Tensor], weights: list[Path]) -> bytes:
+    """The mean's file, bound to the vocabularies its checkpoints were trained with."""
+    return save(tensors, metadata=weights_metadata(tensors, recorded_vocabulary(weights[-1])))
 
 
 def average_run(run_dir: str | Path, out: str | Path, *, last: int | None = None) -> dict[str, Any]:
@@ -99,7 +100,7 @@ def average_run(run_dir: str | Path, out: str | Path, *, last: int | None = None
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "config.yaml", (run_dir / "config.yaml").read_bytes())
     copy_vocabularies(run_dir, out)
-    atomic_write(out / "model.safetensors", _weights_file(tensors))
+    atomic_write(out / "model.safetensors", _weights_file(tensors, weights))
     record = {"run": str(run_dir), "checkpoints": [w.name for w in weights]}
     atomic_write(out / "averaged.json", (json.dumps(record, indent=2) + "\n").encode())
     return record
@@ -112,7 +113,7 @@ def average_within(run_dir: str | Path, *, last: int) -> dict[str, Any]:
     run_dir = Path(run_dir)
     weights = _last_checkpoints(run_dir, last)
     name = f"average-last{last}.safetensors"
-    atomic_write(run_dir / name, _weights_file(average_weights(weights)))
+    atomic_write(run_dir / name, _weights_file(average_weights(weights), weights))
     return {"weights": name, "checkpoints": [w.name for w in weights]}
 
 

@@ -24,7 +24,8 @@ from wtnmt.rundir.files import atomic_write, save_weights
 
 def save_checkpoint(directory: Path, step: int, model: nn.Module, state: dict[str, Any]) -> Path:
     stem = directory / f"step_{step:07d}"
-    digest = save_weights(model, stem.with_suffix(".safetensors"))
+    vocabulary = state.get("vocabulary_sha256")
+    digest = save_weights(model, stem.with_suffix(".safetensors"), vocabulary=vocabulary)
     buffer = io.BytesIO()
     torch.save({**state, "weights_sha256": digest, "step": step}, buffer)
     atomic_write(stem.with_suffix(".state.pt"), buffer.getvalue())

@@ -22,6 +22,9 @@ from wtnmt.errors import CheckpointError
 from wtnmt.safe_files import atomic_write
 
 CHECKSUM_KEY = "wtnmt_tensors_sha256"
+# the vocabularies the weights were trained with (``vocabularies_sha256`` of the run: source
+# then target), so that a run's SentencePiece models swapped or replaced are found at load
+VOCABULARY_KEY = "wtnmt_vocabulary_sha256"
 
 
 def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
@@ -34,18 +37,30 @@ def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def weights_bytes(model: nn.Module) -> bytes:
-    """The model's tensors as safetensors bytes with their checksum in the header."""
+def weights_metadata(
+    tensors: dict[str, torch.Tensor], vocabulary: str | None = None
+) -> dict[str, str]:
+    """The header a weights file of ``tensors`` carries: their checksum, and the hash of the
+    vocabularies they were trained with where it is known."""
+    metadata = {CHECKSUM_KEY: tensors_sha256(tensors)}
+    if vocabulary is not None:
+        metadata[VOCABULARY_KEY] = vocabulary
+    return metadata
+
+
+def weights_bytes(model: nn.Module, *, vocabulary: str | None = None) -> bytes:
+    """The model's tensors as safetensors bytes with their checksum (and the hash of their
+    vocabularies, ``vocabulary``) in the header."""
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "w.safetensors")
-        save_file(tensors, path, metadata={CHECKSUM_KEY: tensors_sha256(tensors)})
+        save_file(tensors, path, metadata=weights_metadata(tensors, vocabulary))
         return Path(path).read_bytes()
 
 
-def save_weights(model: nn.Module, path: Path) -> str:
+def save_weights(model: nn.Module, path: Path, *, vocabulary: str | None = None) -> str:
     """Write the weights atomically; returns the sha256 of the file."""
-    data = weights_bytes(model)
+    data = weights_bytes(model, vocabulary=vocabulary)
     atomic_write(path, data)
     return hashlib.sha256(data).hexdigest()
 
@@ -65,6 +80,15 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
             f"they were written)"
         )
     return tensors
+
+
+def recorded_vocabulary(path: Path) -> str | None:
+    """The hash of the vocabularies ``path``'s weights were trained with, where recorded."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return (f.metadata() or {}).get(VOCABULARY_KEY)
+    except Exception as e:  # safetensors raises its own error types
+        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
 
 
 def load_weights(model: nn.Module, path: Path) -> None:
@@ -89,10 +113,13 @@ def load_weights(model: nn.Module, path: Path) -> None:
 
 
 __all__ = [
+    "VOCABULARY_KEY",
     "atomic_write",
     "load_weights",
     "read_weights",
+    "recorded_vocabulary",
     "save_weights",
     "tensors_sha256",
     "weights_bytes",
+    "weights_metadata",
 ]

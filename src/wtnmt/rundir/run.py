@@ -30,7 +30,7 @@ from wtnmt.data.io import DataError
 from wtnmt.data.vocab import ALL_VOCABULARY_FILES, Vocabularies, vocabulary_files
 from wtnmt.errors import CheckpointError, TrainingError
 from wtnmt.rundir.checkpoints import latest_checkpoint, list_checkpoints
-from wtnmt.rundir.files import atomic_write, load_weights
+from wtnmt.rundir.files import atomic_write, load_weights, recorded_vocabulary
 from wtnmt.safe_files import file_in_the_way, locked_by_another
 
 # where the data lies, not what it is: these may change between a run and its resume
@@ -324,7 +324,24 @@ def load_run(path: str | Path, *, weights: str = "model.safetensors"):  # type: 
         source_vocab_size=vocabularies.source_size,
     )
     load_weights(model, run / weights)
+    check_bound(run, weights, config.data.joint_vocab)
     return config, vocabularies, model
+
+
+def check_bound(run: Path, weights: str, joint: bool) -> None:
+    """A CheckpointError where ``run``'s vocabularies are not the ones its weights were
+    trained with (the hash the weights' header records; weights from before it load
+    unchecked): two SentencePiece models swapped with their checksums, or replaced."""
+    from wtnmt.data.vocab import vocabularies_sha256
+
+    recorded = recorded_vocabulary(run / weights)
+    if recorded is not None and vocabularies_sha256(run, joint) != recorded:
+        files = " and ".join(vocabulary_files(joint))
+        raise CheckpointError(
+            f"{run}: {files} are not the vocabularies {weights} was trained with (their hash "
+            f"differs from the one its header records): were they swapped or replaced? Put "
+            f"back the run's own"
+        )
 
 
 __all__ = ["RunDirectory", "config_differences", "load_run"]

@@ -380,7 +380,8 @@ class Trainer(TrainingLoop):
         if improved:
             s.best, s.best_step = metric, s.step
             if self.is_main:
-                save_weights(self.model, self.run_dir / "model.safetensors")
+                vocabulary = vocabulary_hashes(self.vocab)["vocabulary_sha256"]
+                save_weights(self.model, self.run_dir / "model.safetensors", vocabulary=vocabulary)
         count_patience(
             s,
             self.tc,
