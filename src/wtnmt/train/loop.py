@@ -14,6 +14,7 @@ import torch.distributed as dist
 from wtnmt import interrupt
 from wtnmt.errors import TrainingError
 from wtnmt.runtime import EMULATED_BF16_WARNING, bf16_emulated
+from wtnmt.train import plan
 from wtnmt.train.report import advance, progress_bar
 from wtnmt.train.schedule import CALIBRATION_STEPS, fitted_warmup, refit_due
 from wtnmt.train.state import TrainState, Window
@@ -40,11 +41,14 @@ class TrainingLoop:
             + (" (forward compiled: train.compile)" if tc.compile else "")
         )
         self.report.machine(s.step, self.device, self.world)
+        budget = self._step_budget()
+        parameters = sum(p.numel() for p in self.model.parameters())
+        self.log(plan.describe(self.config, parameters, budget))
+        self._timed_from: tuple[int, float] | None = None  # (step, elapsed) after the first
         if bf16_emulated(self.precision, self.device.type):
             self.log(EMULATED_BF16_WARNING)
         self._window, self._lrs = Window(), (0.0, 0.0)
         self._fit_mark: tuple[int, float] | None = None  # (updates, seconds) at the last fit
-        budget = self._step_budget()
         self.report.budget = (budget, tc.max_time)  # for the time left in each log line
         reason = self._stop_reason()
         if reason is None and self.is_main:
@@ -101,11 +105,21 @@ class TrainingLoop:
         if self.world > 1 and tc.max_time is not None:
             s.elapsed = self._rank0_clock(s.elapsed)
         self._window.add(result.loss, result.nll, result.tokens, result.grad_norm)
+        self._time_the_budget(budget)
         if tc.warmup_fraction is not None and refit_due(s.step):
             self._fit_schedule()
         if progress is not None:
             advance(progress, time.perf_counter() - start if progress.unit == "s" else 1)
         self._after_update(result.ratio, progress)
+
+    def _time_the_budget(self, budget: int | None) -> None:
+        """After the first update and ``plan.TIMED`` more, the time the budget takes here."""
+        s = self.state
+        if self._timed_from is None:
+            self._timed_from = (s.step, s.elapsed)
+        elif s.step - self._timed_from[0] == plan.TIMED:
+            per_update = (s.elapsed - self._timed_from[1]) / plan.TIMED
+            self.log(plan.estimate(per_update, s.step, budget, self.tc.max_time, s.elapsed))
 
     def _rank0_clock(self, elapsed: float) -> float:
         """Rank 0's training time, on every rank of a run bounded by max_time: all of them
