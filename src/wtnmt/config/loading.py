@@ -263,7 +263,10 @@ def _with_bases(path: Path, seen: tuple[Path, ...] = ()) -> tuple[dict[str, Any]
             f"{path}: base={base!r}: give a preset name (`wtnmt presets`) or a config file"
         )
     beside = path.parent / base  # a file named relative to the config that names it
-    base_path = beside if beside.is_file() else resolve_preset(base)
+    try:
+        base_path = beside if beside.is_file() else resolve_preset(base)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: base {base!r}: {e}") from None
     chain = (*seen, path.resolve())
     if base_path.resolve() in chain:
         names = " → ".join(str(p) for p in (*chain, base_path.resolve()))
