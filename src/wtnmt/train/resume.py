@@ -5,6 +5,7 @@ checkpoint_utils; the trainer applies what a restore returns."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -115,4 +116,25 @@ def restore_training(
     )
 
 
-__all__ = ["Resumed", "restore_training", "save_training"]
+def precision_on_resume(
+    asked: str, chosen: str, trained: str | None, checkpoint: str, log: Callable[[str], None]
+) -> str:
+    """The precision a resumed run goes on in: with train.precision ``asked`` auto, the one
+    it was ``trained`` in (fp32 was the default before auto), said where that is not what
+    auto ``chosen`` now; a precision stated for the resume, as stated."""
+    if asked == "auto" and trained in ("fp32", "bf16"):
+        if trained != chosen:
+            log(
+                f"train.precision=auto: continuing in {trained}, as the run was trained (set "
+                f"train.precision to change it)"
+            )
+        return trained
+    if asked == "auto" and trained in (None, "auto"):  # unsaid
+        log(
+            f"warning: {checkpoint} does not record the precision train.precision=auto "
+            f"chose; continuing in {chosen} (set train.precision to fp32 or bf16 to choose)"
+        )
+    return chosen
+
+
+__all__ = ["Resumed", "precision_on_resume", "restore_training", "save_training"]

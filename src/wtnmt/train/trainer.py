@@ -31,7 +31,7 @@ from wtnmt.rundir import RunDirectory, latest_checkpoint, save_weights
 from wtnmt.runtime import bound_onednn_caches, resolve_precision
 from wtnmt.train.loop import TrainingLoop
 from wtnmt.train.report import RunReport, recorded_validations
-from wtnmt.train.resume import restore_training, save_training
+from wtnmt.train.resume import precision_on_resume, restore_training, save_training
 from wtnmt.train.schedule import (
     branch_weights_frozen,
     count_patience,
@@ -212,21 +212,9 @@ class Trainer(TrainingLoop):
                 f"{resumed.stopping[0]}): {s.bad_validations} of the run's "
                 f"{len(validations)} validations since patience last saw an improvement"
             )
-        # train.precision: auto keeps the precision the run was trained in (fp32 was the
-        # default before auto); a precision stated for the resume is used as stated
-        if self.tc.precision == "auto" and resumed.precision in ("fp32", "bf16"):
-            if resumed.precision != self.precision:
-                self.log(
-                    f"train.precision=auto: continuing in {resumed.precision}, as the run was "
-                    f"trained (set train.precision to change it)"
-                )
-            self.precision = resumed.precision
-        elif self.tc.precision == "auto" and resumed.precision in (None, "auto"):  # unsaid
-            self.log(
-                f"warning: {resumed.path.name} does not record the precision "
-                f"train.precision=auto chose; continuing in {self.precision} (set "
-                f"train.precision to fp32 or bf16 to choose)"
-            )
+        self.precision = precision_on_resume(
+            self.tc.precision, self.precision, resumed.precision, resumed.path.name, self.log
+        )
 
     # ---------------------------------------------------------------------------------------
     # One update
