@@ -13,8 +13,10 @@ FBGEMM's in decoding; network.py's ``own_int8_lanes``). The encoder and the cros
 values, once a batch, stay the PyTorch model's.
 
 The extension is compiled on first use with the C++ compiler the PyTorch build asks for
-(``torch.utils.cpp_extension``; ninja from ``pip install 'wtnmt[native]'``), about a minute,
-and kept under ``TORCH_EXTENSIONS_DIR`` (default ~/.cache/torch_extensions) for later runs.
+(``torch.utils.cpp_extension``; ninja from ``pip install 'wtnmt[native]'``, found in the
+environment's own bin folder whether or not it is activated), about a minute, and kept under
+``TORCH_EXTENSIONS_DIR`` (default ~/.cache/torch_extensions) for later runs, which import it
+without a compiler, ninja or a lock (build.py: a build killed midway never blocks the next).
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
+from wtnmt.decode.native.build import (
+    WAIT,
+    BuildUnavailable,
+    build_lock,
+    import_library,
+    library,
+)
 from wtnmt.errors import EngineUnavailable
 
 SOURCE = Path(__file__).with_name("engine.cpp")
@@ -47,6 +56,7 @@ def unavailable_reason() -> str | None:
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         return f"no C++ compiler ({compiler!r} is not on PATH; set CXX or install g++)"
+    _ninja_on_path()
     try:
         from torch.utils.cpp_extension import verify_ninja_availability
 
@@ -56,10 +66,31 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def _ninja_on_path() -> None:
+    """ninja from ``pip install 'wtnmt[native]'`` lives in this environment's bin folder,
+    which is not on PATH where the environment is not activated (systemd, cron): put it
+    there for torch's build, which runs ``ninja`` by name."""
+    folders = [os.path.dirname(sys.executable)]
+    try:
+        import ninja  # type: ignore[import-not-found]
+
+        folders.insert(0, ninja.BIN_DIR)
+    except (ImportError, AttributeError):
+        pass
+    path = os.environ.get("PATH", "").split(os.pathsep)
+    for folder in folders:
+        if folder and folder not in path and (Path(folder) / "ninja").is_file():
+            os.environ["PATH"] = os.pathsep.join([folder, *path])
+            return
+
+
 def _name() -> str:
-    """The extension's name: its source's digest in it, so that a cached build is always of
-    this source (and another version of wtnmt keeps its own)."""
-    digest = hashlib.sha256(" ".join(FLAGS).encode())
+    """The extension's name: a digest of its source, flags and PyTorch version in it, so
+    that a cached build is always of this source against this PyTorch (and another version
+    of wtnmt, or of PyTorch, keeps its own)."""
+    import torch
+
+    digest = hashlib.sha256(" ".join([*FLAGS, torch.__version__]).encode())
     for part in sorted(SOURCE.parent.glob("*.[ch]*")):  # engine.cpp and its headers
         digest.update(part.name.encode() + part.read_bytes())
     return "wtnmt_native_" + digest.hexdigest()[:12]
@@ -67,34 +98,75 @@ def _name() -> str:
 
 def built() -> bool:
     """Whether this source's extension is compiled and cached already."""
-    from torch.utils.cpp_extension import _get_build_directory
-
-    name = _name()
-    return (Path(_get_build_directory(name, verbose=False)) / f"{name}.so").is_file()
+    return library(_name()).is_file()
 
 
 _loaded: list[ModuleType] = []  # the extension, once loaded (a module is loaded once)
 
 
 def extension(say: Callable[[str], None] | None = None) -> ModuleType:
-    """The compiled engine (built on first use, then loaded from its cache); ``say`` is told
-    before a build."""
+    """The compiled engine: imported where it is built already (nothing else needed), else
+    built now under a lock that dies with its holder (``say`` is told before a build, and
+    while waiting for another process's). Every reason it cannot be had is NativeUnavailable
+    in one line (``--engine auto`` then decodes with PyTorch)."""
     if _loaded:
         return _loaded[0]
+    name = _name()
+    try:
+        module = _import_built(name) or _build(name, say)
+    except BuildUnavailable as e:
+        raise NativeUnavailable(f"--engine native: {e}") from None
+    _loaded.append(module)
+    return module
+
+
+def _import_built(name: str) -> ModuleType | None:
+    path = library(name)
+    if not path.is_file():
+        return None
+    try:
+        return import_library(name, path)
+    except (ImportError, OSError) as e:  # a damaged or foreign file: said, not rebuilt over
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise NativeUnavailable(f"--engine native: {path} does not load ({first})") from None
+
+
+def _build(name: str, say: Callable[[str], None] | None) -> ModuleType:
     reason = unavailable_reason()
     if reason is not None:
         raise NativeUnavailable(f"--engine native: {reason}")
     from torch.utils.cpp_extension import load
 
-    if say is not None and not built():
-        say("compiling the native engine (once: about a minute)")
+    with build_lock(library(name).parent, wait=build_wait(), say=say):
+        if (module := _import_built(name)) is not None:  # built by the process waited for
+            return module
+        if say is not None:
+            say("compiling the native engine (once: about a minute)")
+        try:
+            return load(name=name, sources=[str(SOURCE)], extra_cflags=FLAGS, verbose=False)
+        except (RuntimeError, OSError, ImportError) as e:  # a compiler error: its first line
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise NativeUnavailable(
+                f"--engine native: building {SOURCE.name} failed ({first})"
+            ) from e
+
+
+def build_wait() -> float:
+    """Seconds to wait for another process's build: ``WTNMT_NATIVE_BUILD_WAIT``, else WAIT."""
+    text = os.environ.get("WTNMT_NATIVE_BUILD_WAIT", "")
     try:
-        module = load(name=_name(), sources=[str(SOURCE)], extra_cflags=FLAGS, verbose=False)
-    except (RuntimeError, OSError, ImportError) as e:  # a compiler error: its first line
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise NativeUnavailable(f"--engine native: building {SOURCE.name} failed ({first})") from e
-    _loaded.append(module)
-    return module
+        return max(0.0, float(text)) if text else WAIT
+    except ValueError:
+        raise NativeUnavailable(
+            f"WTNMT_NATIVE_BUILD_WAIT={text!r}: seconds to wait for another build (e.g. 600)"
+        ) from None
 
 
-__all__ = ["SOURCE", "NativeUnavailable", "built", "extension", "unavailable_reason"]
+__all__ = [
+    "SOURCE",
+    "NativeUnavailable",
+    "build_wait",
+    "built",
+    "extension",
+    "unavailable_reason",
+]
