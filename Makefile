@@ -19,15 +19,17 @@ PYTEST := WTNMT_DATA="$(WTNMT_DATA)" $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+# --no-build-isolation: setup.py compiles the native engine against the torch installed first
+# (pip's isolated build would fetch another torch, CUDA's on Linux)
+$(STAMP): pyproject.toml setup.py Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -e ".[dev]" "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install "$(TORCH_SPEC)" "setuptools>=77" wheel
+	$(BIN)/python -m pip install --no-build-isolation -e ".[dev]" "$(TORCH_SPEC)"
 	touch $(STAMP)
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks setup.py
+	$(BIN)/ruff format --check src tests benchmarks setup.py
 
 test: lint
 	$(PYTEST)

@@ -78,6 +78,7 @@ def test_an_unwritable_cache_is_one_line_and_auto_decodes_with_pytorch(
     run = train_tiny(tmp_path)
     monkeypatch.setattr(native, "_loaded", [])
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(blocker / "torch_extensions"))
+    monkeypatch.setenv("WTNMT_NATIVE_PACKAGED", "0")  # the just-in-time path
     with pytest.raises(NativeUnavailable, match=r"^--engine native: its build folder .* cannot"):
         extension()
     said: list[str] = []
@@ -90,7 +91,7 @@ def test_an_unwritable_cache_is_one_line_and_auto_decodes_with_pytorch(
 def test_a_built_engine_loads_without_a_compiler_or_ninja(tmp_path):
     if unavailable_reason() is not None:
         pytest.skip(f"building it first needs the tools: {unavailable_reason()}")
-    extension()  # built (once) here, with the tools
+    extension()  # built (once) here, with the tools, or the package's own
     code = (
         "from wtnmt.decode.native import extension, unavailable_reason\n"
         "assert unavailable_reason() is not None, 'the tools are still found'\n"
@@ -128,7 +129,11 @@ def test_a_build_killed_midway_never_blocks_the_next(tmp_path):
     then a translate's build: it must build and load, not wait forever."""
     if unavailable_reason() is not None:
         pytest.skip(unavailable_reason())
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    env = {
+        **os.environ,
+        "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"),
+        "WTNMT_NATIVE_PACKAGED": "0",
+    }
     code = "from wtnmt.decode.native import extension\nprint(extension().__name__)\n"
     first = subprocess.Popen([sys.executable, "-c", code], env=env)
     deadline = time.monotonic() + 120

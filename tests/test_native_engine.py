@@ -328,6 +328,7 @@ def test_where_it_cannot_be_built_one_line_says_why(run, tmp_path, capsys, monke
 
     monkeypatch.setattr(native, "_loaded", [])
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))  # nothing built there
+    monkeypatch.setenv("WTNMT_NATIVE_PACKAGED", "0")  # nor the package's own engine used
     monkeypatch.setenv("CXX", "no-such-compiler-here")
     with pytest.raises(NativeUnavailable, match=r"no C\+\+ compiler \('no-such-compiler-here'"):
         NativeEngine(_model("weighted", 600))

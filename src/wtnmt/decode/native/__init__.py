@@ -17,11 +17,15 @@ The extension is compiled on first use with the C++ compiler the PyTorch build a
 environment's own bin folder whether or not it is activated), about a minute, and kept under
 ``TORCH_EXTENSIONS_DIR`` (default ~/.cache/torch_extensions) for later runs, which import it
 without a compiler, ninja or a lock (build.py: a build killed midway never blocks the next).
+Where the package was built with PyTorch at hand (``pip install .``, a wheel; setup.py), the
+engine is compiled into it, ``_engine``, and used where it was built from these sources for
+this PyTorch (``_engine.json``), with no compiler or cache at all; ``WTNMT_NATIVE_PACKAGED=0``
+ignores it.
 """
 
 from __future__ import annotations
 
-import hashlib
+import json
 import os
 import shutil
 import sys
@@ -36,13 +40,8 @@ from wtnmt.decode.native.build import (
     import_library,
     library,
 )
+from wtnmt.decode.native.identity import FLAGS, PACKAGED, RECORD, SOURCE, engine_name
 from wtnmt.errors import EngineUnavailable
-
-SOURCE = Path(__file__).with_name("engine.cpp")
-# -O3: the attention kernels' loops vectorised. -fopenmp when compiling only: at::parallel_for
-# then runs on PyTorch's own OpenMP threads (its GOMP symbols are found through libtorch_cpu,
-# whatever its libgomp is called); linked to another libgomp, two thread pools would fight
-FLAGS = ["-O3", "-fopenmp"]
 
 
 class NativeUnavailable(EngineUnavailable):
@@ -85,15 +84,10 @@ def _ninja_on_path() -> None:
 
 
 def _name() -> str:
-    """The extension's name: a digest of its source, flags and PyTorch version in it, so
-    that a cached build is always of this source against this PyTorch (and another version
-    of wtnmt, or of PyTorch, keeps its own)."""
+    """The extension's name for this source and this PyTorch (identity.engine_name)."""
     import torch
 
-    digest = hashlib.sha256(" ".join([*FLAGS, torch.__version__]).encode())
-    for part in sorted(SOURCE.parent.glob("*.[ch]*")):  # engine.cpp and its headers
-        digest.update(part.name.encode() + part.read_bytes())
-    return "wtnmt_native_" + digest.hexdigest()[:12]
+    return engine_name(torch.__version__)
 
 
 def built() -> bool:
@@ -112,12 +106,43 @@ def extension(say: Callable[[str], None] | None = None) -> ModuleType:
     if _loaded:
         return _loaded[0]
     name = _name()
+    module, why = _import_packaged(name)
     try:
-        module = _import_built(name) or _build(name, say)
+        module = module or _import_built(name) or _build(name, say, why)
     except BuildUnavailable as e:
-        raise NativeUnavailable(f"--engine native: {e}") from None
+        raise NativeUnavailable(f"--engine native: {why}{e}") from None
     _loaded.append(module)
     return module
+
+
+def _import_packaged(name: str) -> tuple[ModuleType | None, str]:
+    """The engine compiled into the package (``pip install .``, a wheel), where it was built
+    as ``name`` (these sources, this PyTorch); else None and what differs ("" where the
+    package has none: a checkout, or a wheel built without PyTorch at hand)."""
+    record_path = Path(__file__).with_name(RECORD)
+    if os.environ.get("WTNMT_NATIVE_PACKAGED") == "0" or not record_path.is_file():
+        return None, ""  # 0: the just-in-time build only (the kernels' developers, tests)
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        built_as, for_torch = record["name"], record["torch"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, f"{record_path} is damaged; "
+    if built_as != name:
+        import torch
+
+        if for_torch != torch.__version__:
+            return None, (
+                f"the engine in this package was built for PyTorch {for_torch}, this is "
+                f"{torch.__version__} (reinstall wtnmt built against it); "
+            )
+        return None, "the engine in this package is of other sources (an edited checkout); "
+    import importlib
+
+    try:
+        return importlib.import_module(f"{__name__}.{PACKAGED}"), ""
+    except ImportError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return None, f"the engine in this package does not load ({first}); "
 
 
 def _import_built(name: str) -> ModuleType | None:
@@ -131,17 +156,18 @@ def _import_built(name: str) -> ModuleType | None:
         raise NativeUnavailable(f"--engine native: {path} does not load ({first})") from None
 
 
-def _build(name: str, say: Callable[[str], None] | None) -> ModuleType:
+def _build(name: str, say: Callable[[str], None] | None, why: str = "") -> ModuleType:
+    """Built just in time (``why``: what made the package's own engine unusable, said)."""
     reason = unavailable_reason()
     if reason is not None:
-        raise NativeUnavailable(f"--engine native: {reason}")
+        raise NativeUnavailable(f"--engine native: {why}{reason}")
     from torch.utils.cpp_extension import load
 
     with build_lock(library(name).parent, wait=build_wait(), say=say):
         if (module := _import_built(name)) is not None:  # built by the process waited for
             return module
         if say is not None:
-            say("compiling the native engine (once: about a minute)")
+            say(f"{why}compiling the native engine (once: about a minute)")
         try:
             return load(name=name, sources=[str(SOURCE)], extra_cflags=FLAGS, verbose=False)
         except (RuntimeError, OSError, ImportError) as e:  # a compiler error: its first line
