@@ -103,7 +103,7 @@ def test_a_built_engine_loads_without_a_compiler_or_ninja(tmp_path):
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("wtnmt_native_")
+    assert done.stdout.startswith(("wtnmt_native_", "wtnmt.decode.native._engine")), done.stdout
 
 
 def test_ninja_of_the_environment_is_found_where_it_is_not_activated(tmp_path):
@@ -147,3 +147,22 @@ def test_a_build_killed_midway_never_blocks_the_next(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert not list((tmp_path / "ext").glob("*/lock"))
+
+
+def test_a_packaged_engine_of_another_pytorch_or_source_is_said_and_not_imported(tmp_path):
+    import json
+
+    import torch
+
+    from wtnmt.decode.native import _import_packaged, _name
+
+    record = tmp_path / "_engine.json"
+    record.write_text(json.dumps({"name": "wtnmt_native_000000000000", "torch": "2.4.0"}))
+    module, why = _import_packaged(_name(), record)
+    assert module is None
+    assert f"built for PyTorch 2.4.0, this is {torch.__version__}" in why
+    record.write_text(json.dumps({"name": "wtnmt_native_000000000000", "torch": torch.__version__}))
+    assert "of other sources" in _import_packaged(_name(), record)[1]
+    record.write_text("{")
+    assert "is damaged" in _import_packaged(_name(), record)[1]
+    assert _import_packaged(_name(), tmp_path / "none.json") == (None, "")

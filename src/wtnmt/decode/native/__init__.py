@@ -115,11 +115,11 @@ def extension(say: Callable[[str], None] | None = None) -> ModuleType:
     return module
 
 
-def _import_packaged(name: str) -> tuple[ModuleType | None, str]:
+def _import_packaged(name: str, record_path: Path | None = None) -> tuple[ModuleType | None, str]:
     """The engine compiled into the package (``pip install .``, a wheel), where it was built
     as ``name`` (these sources, this PyTorch); else None and what differs ("" where the
     package has none: a checkout, or a wheel built without PyTorch at hand)."""
-    record_path = Path(__file__).with_name(RECORD)
+    record_path = record_path or Path(__file__).with_name(RECORD)
     if os.environ.get("WTNMT_NATIVE_PACKAGED") == "0" or not record_path.is_file():
         return None, ""  # 0: the just-in-time build only (the kernels' developers, tests)
     try:
