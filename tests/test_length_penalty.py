@@ -89,3 +89,31 @@ def test_evaluate_decodes_with_the_weights_named(tmp_path, capsys):
     assert cli([*args, "--weights", "missing.safetensors"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "missing.safetensors" in err
+
+
+def test_length_limits_on_the_command_line_reach_the_search_and_are_recorded(tmp_path, capsys):
+    import dataclasses
+
+    from wtnmt import Translator
+
+    run_dir = train_tiny(tmp_path)
+    src = tmp_path / "src.txt"
+    lines = ["alpha beta gamma delta", "zeta eta"]
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out.txt"
+    limits = ["--max-len-a", "0", "--max-len-b", "2"]
+    args = ["translate", str(run_dir), "-i", str(src), "-o", str(out), "--engine", "pytorch"]
+    assert cli([*args, *limits]) == 0
+    oracle = Translator.load(run_dir)  # the same limits set in the run's decode config
+    decode = dataclasses.replace(oracle.config.decode, max_len_a=0.0, max_len_b=2)
+    oracle.config = dataclasses.replace(oracle.config, decode=decode)
+    assert out.read_text().splitlines() == oracle.translate(lines)
+    for ids in oracle.translate_ids(oracle.encode(lines)):
+        assert len(ids[0].ids) <= 2  # a·|x| + b = 2 tokens at most
+    evaluate = ["evaluate", str(run_dir), "--src", str(src), "--ref", str(src)]
+    assert cli([*evaluate, *limits]) == 0
+    scores = json.loads((run_dir / "eval" / "src.maxlen0-2.scores.json").read_text())
+    assert scores["max_len"] == {"a": 0.0, "b": 2}
+    capsys.readouterr()
+    assert cli([*evaluate, "--max-len-a", "1e308"]) == 2
+    assert "--max-len-a 1e+308: allowed 0 to 64" in capsys.readouterr().err

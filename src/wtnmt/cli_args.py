@@ -62,6 +62,19 @@ def add_length_penalty(p: argparse.ArgumentParser) -> None:
         help="((5 + |y|) / 6)^α (gnmt) or |y|^α (fairseq) (default: the run's "
         "decode.length_penalty_form)",
     )
+    p.add_argument(
+        "--max-len-a",
+        type=float,
+        metavar="A",
+        help="a translation has at most A·|x| + B tokens, |x| the source's (default: the run's "
+        "decode.max_len_a; 0 to 64)",
+    )
+    p.add_argument(
+        "--max-len-b",
+        type=int,
+        metavar="B",
+        help="B of that bound (default: the run's decode.max_len_b; 0 to 65,536)",
+    )
 
 
 def size(text: str) -> int:

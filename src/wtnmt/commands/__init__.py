@@ -1,7 +1,8 @@
 """What each `wtnmt` command does, given its parsed arguments (the parser is in
 ``wtnmt.cli``). Heavy imports (torch, the model) happen inside the command that needs them."""
 
-from wtnmt.commands.decoding import cmd_evaluate, cmd_translate
+from wtnmt.commands.decoding import cmd_translate
+from wtnmt.commands.evaluating import cmd_evaluate
 from wtnmt.commands.runs import (
     cmd_analyze,
     cmd_average,

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 
 from wtnmt.cli_args import add_engine, add_length_penalty, add_quantize, at_least_one
-from wtnmt.commands.decoding import cmd_evaluate, cmd_translate
+from wtnmt.commands.decoding import cmd_translate
+from wtnmt.commands.evaluating import cmd_evaluate
 
 
 def add_weights(p: argparse.ArgumentParser) -> None:
