@@ -133,3 +133,54 @@ def test_evaluating_again_keeps_the_earlier_decoding_and_scores(run_dir, tmp_pat
     assert [h["name"] for h in history] == ["s", "s", "s"]
     assert history[0]["hypotheses_sha256"] == history[1]["hypotheses_sha256"]
     assert history[2]["hypotheses_sha256"] != history[0]["hypotheses_sha256"]
+
+
+def test_evaluate_hyp_scores_a_given_translation_as_evaluate_scores_its_own(
+    run_dir, tmp_path, capsys
+):
+    from sacrebleu.metrics import BLEU, CHRF, TER
+
+    src, ref = tmp_path / "s.txt", tmp_path / "r.txt"
+    src.write_text("alpha beta\ngamma delta\nzeta\n")
+    ref.write_text("AHPLA ATEB\nAMMAG ATLED\nATEZ\n")
+    assert cli(["evaluate", str(run_dir), "--src", str(src), "--ref", str(ref)]) == 0
+    own = json.loads((run_dir / "scores.json").read_text())
+    hyps = (run_dir / "eval" / "s.hyp").read_text().splitlines()
+    refs = ref.read_text().splitlines()
+    metric = TER()
+    assert own["ter"] == round(metric.corpus_score(hyps, [refs]).score, 2)
+    assert (
+        own["ter_signature"] == str(metric.get_signature()) and "tok:tercom" in own["ter_signature"]
+    )
+    given = tmp_path / "given.txt"
+    given.write_text("\n".join(hyps) + "\n")
+    before = (
+        sorted(p.name for p in (run_dir / "eval").iterdir()),
+        (run_dir / "scores.json").read_bytes(),
+    )
+    capsys.readouterr()
+    assert cli(["evaluate", str(run_dir), "--hyp", str(given), "--ref", str(ref)]) == 0
+    out = capsys.readouterr().out
+    bleu = BLEU().corpus_score(hyps, [refs]).score
+    chrf = CHRF().corpus_score(hyps, [refs]).score
+    ter = TER().corpus_score(hyps, [refs]).score
+    assert f"BLEU {bleu:.2f}  chrF {chrf:.2f}  TER {ter:.2f}  (3 sentences)" in out
+    assert own["ter_signature"] in out
+    after = (
+        sorted(p.name for p in (run_dir / "eval").iterdir()),
+        (run_dir / "scores.json").read_bytes(),
+    )
+    assert after == before  # nothing decoded, nothing written into the run
+    # the run's own split as the references
+    split = run_dir.parent / "test.tgt"
+    split_refs = split.read_text().splitlines()
+    given.write_text("\n".join(split_refs) + "\n")  # the references themselves
+    assert cli(["evaluate", str(run_dir), "--hyp", str(given), "--split", "test"]) == 0
+    assert "chrF 100.00  TER 0.00  (8 sentences)" in capsys.readouterr().out
+    # refused in one line: decoding options, a count that differs
+    assert (
+        cli(["evaluate", str(run_dir), "--hyp", str(given), "--ref", str(ref), "--beam", "2"]) == 2
+    )
+    one_line(capsys, "evaluate", "--hyp scores a translation already made: --beam")
+    assert cli(["evaluate", str(run_dir), "--hyp", str(given), "--ref", str(ref)]) == 2
+    one_line(capsys, "evaluate", f"--hyp {given} has {len(split_refs)} lines", "have 3")

@@ -63,7 +63,8 @@ def add_evaluate(commands: argparse._SubParsersAction) -> None:
         help="translate a test set and score it with sacreBLEU",
         description="Translate the run's own split (--split SPLIT, as its config names its "
         "files or holds them out), a named corpus's (--corpus NAME --split SPLIT) or --src/--ref "
-        "files, and score with sacreBLEU BLEU and chrF.",
+        "files, and score with sacreBLEU's BLEU, chrF and TER (--hyp: a translation made "
+        "elsewhere, scored without decoding).",
     )
     p.add_argument("run_dir", metavar="RUN", help="a trained run directory")
     p.add_argument("--corpus", help="a named corpus, split as the run's data config splits it")
@@ -75,6 +76,12 @@ def add_evaluate(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--src", help="source file to translate (with --ref)")
     p.add_argument("--ref", help="its reference translations, line-aligned")
+    p.add_argument(
+        "--hyp",
+        metavar="FILE",
+        help="score this translation (made elsewhere) against --ref or the run's --split "
+        "instead of decoding; prints the scores, writes nothing",
+    )
     p.add_argument("--beam", type=at_least_one, help="beam size (default: the run's decode.beam)")
     add_length_penalty(p)
     add_weights(p)

@@ -66,6 +66,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from wtnmt.decode.translator import Translator
     from wtnmt.runtime import check_engine, check_quantize, tune_cpu_allocator
 
+    if args.hyp is not None:
+        return score_given(args)
     if (args.src is None) != (args.ref is None):
         raise ConfigError(
             "--src and --ref go together (or neither: the run's own --split); see "
@@ -206,12 +208,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         }
     record_scores(out, name, scores)  # and a line of eval/history.jsonl
     update_scores(Path(args.run_dir) / "scores.json", scores)
-    print(
-        f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['n_sentences']} "
-        f"sentences)\n{scores['signature']}\n{scores['chrf_signature']}\n"
-        f"lowercased BLEU {scores['bleu_lc']:.2f}; on lowercased Moses tokens "
-        f"{scores['bleu_moses']:.2f} (the Multi30k literature's BLEU)"
-    )
+    print(scores_text(scores))
     if args.compare:
         c = scores["compare"]
         print(
@@ -220,4 +217,73 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             f"(paired bootstrap)"
         )
     print(f"hypotheses: {out / (name + '.hyp')}   scores: {Path(args.run_dir) / 'scores.json'}")
+    return 0
+
+
+def scores_text(scores: dict) -> str:  # type: ignore[type-arg]
+    """What evaluate prints: each score with its sacreBLEU signature."""
+    return (
+        f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  TER {scores['ter']:.2f}  "
+        f"({scores['n_sentences']} sentences)\n{scores['signature']}\n"
+        f"{scores['chrf_signature']}\n{scores['ter_signature']}\n"
+        f"lowercased BLEU {scores['bleu_lc']:.2f}; on lowercased Moses tokens "
+        f"{scores['bleu_moses']:.2f} (the Multi30k literature's BLEU)"
+    )
+
+
+# what decodes: meaningless where the translation is given (--hyp)
+_DECODING = {
+    "beam": "--beam", "lenpen": "--lenpen", "lenpen_form": "--lenpen-form",
+    "max_len_a": "--max-len-a", "max_len_b": "--max-len-b", "compare": "--compare",
+    "branch_weights_in": "--branch-weights-in", "src": "--src",
+}  # fmt: skip
+
+
+def score_given(args: argparse.Namespace) -> int:
+    """``evaluate --hyp FILE``: a translation made elsewhere scored against the references
+    (--ref, or the run's --split / --corpus), as evaluate scores its own; printed, nothing
+    decoded and nothing written into the run."""
+    from wtnmt.config import load_config
+    from wtnmt.decode.evaluate import check_tokenizer, score_corpus
+    from wtnmt.errors import CheckpointError
+
+    given = [option for key, option in _DECODING.items() if getattr(args, key, None)]
+    if args.branch_weights != "learned":
+        given.append("--branch-weights")
+    if args.quantize != "none":
+        given.append("--quantize")
+    if given:
+        raise ConfigError(
+            f"--hyp scores a translation already made: {', '.join(given)} "
+            f"{'decides' if len(given) == 1 else 'decide'} how to make one; leave "
+            f"{'it' if len(given) == 1 else 'them'} out"
+        )
+    if args.corpus and args.ref:
+        raise ConfigError("give --corpus NAME or --ref, not both")
+    check_tokenizer(args.tokenize)
+    try:
+        data = load_config(Path(args.run_dir) / "config.yaml").data
+    except FileNotFoundError:
+        raise CheckpointError(f"{args.run_dir}: no config.yaml there; is it a run?") from None
+    if args.ref is not None:
+        refs, source = read_input(args.ref), {"hyp": str(args.hyp), "ref": str(args.ref)}
+    else:
+        from wtnmt.data.prepare import raw_split
+
+        if args.corpus:
+            data = dataclasses.replace(
+                data, corpus=args.corpus, train_src=None, train_tgt=None, train_tsv=None
+            )
+        refs = [pair[1] for pair in raw_split(data, args.split)]
+        source = {"hyp": str(args.hyp), "split": args.split, "corpus": args.corpus}
+    hyps = read_input(args.hyp)
+    if len(hyps) != len(refs):
+        raise ConfigError(
+            f"--hyp {args.hyp} has {len(hyps)} lines but the references have {len(refs)}"
+        )
+    if not refs:
+        raise ConfigError(f"--hyp {args.hyp}: no lines to score")
+    scores = score_corpus(hyps, refs, data.tgt_lang, tokenize=args.tokenize)
+    print(scores_text(scores))
+    print(f"(scored {args.hyp}: {source})", file=sys.stderr)
     return 0

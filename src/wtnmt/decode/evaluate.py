@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.metrics import BLEU, CHRF, TER
 
 from wtnmt.config import ConfigError
 from wtnmt.safe_files import atomic_write
@@ -72,19 +72,22 @@ def score_corpus(
     *,
     tokenize: str = "13a",
 ) -> dict[str, Any]:
-    """sacreBLEU's BLEU (tokenized by ``tokenize``) and chrF with their signatures; given the
+    """sacreBLEU's BLEU (tokenized by ``tokenize``), chrF and TER with their signatures; given the
     target language ``lang``, also BLEU as the Multi30k literature computes it
     (``lowercased_bleu``, ``moses_bleu``)."""
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
-    bleu, chrf = BLEU(tokenize=tokenize), CHRF()
+    bleu, chrf, ter = BLEU(tokenize=tokenize), CHRF(), TER()
     b = bleu.corpus_score(list(hypotheses), [list(references)])
     c = chrf.corpus_score(list(hypotheses), [list(references)])
+    t = ter.corpus_score(list(hypotheses), [list(references)])
     scores = {
         "bleu": round(b.score, 2),
         "chrf": round(c.score, 2),
+        "ter": round(t.score, 2),
         "signature": str(bleu.get_signature()),
         "chrf_signature": str(chrf.get_signature()),
+        "ter_signature": str(ter.get_signature()),
         "n_sentences": len(hypotheses),
         "tokenize": tokenize,
     }
