@@ -69,7 +69,7 @@ def test_sigterm_mid_epoch_saves_a_checkpoint_and_the_resumed_run_ends_as_one_ne
     found = latest_checkpoint(run / "checkpoints")
     assert found is not None, err
     step = found[1]["train_state"]["step"]
-    assert 3 <= step < 40 and f"SIGTERM at step {step}: saving a checkpoint" in err
+    assert 3 <= step < 40 and f"interrupted at step {step} (SIGTERM): saving a checkpoint" in err
     resumed = subprocess.run([*cli, "--resume"], capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     a, b = (load_file(tmp_path / r / "model.safetensors") for r in ("straight", "stopped"))

@@ -69,7 +69,8 @@ class TrainingLoop:
                     s.batch_in_epoch = 0
                     reason = reason or self._stop_reason()
         except KeyboardInterrupt:
-            self.log(f"{interrupt.signal_name()} at step {s.step}: saving a checkpoint")
+            signal = interrupt.signal_name()  # the line analysis/runs.py reads: "interrupted at"
+            self.log(f"interrupted at step {s.step} ({signal}): saving a checkpoint")
             self.save()
             self.log(
                 f"resume with: wtnmt train {self.run_dir / 'config.yaml'} --out "
