@@ -31,12 +31,13 @@ def load_translator(path: Path, threads: int, workers: int = 1):  # type: ignore
 
 
 def as_tokens(inputs: list[torch.Tensor], tokens: list[str]) -> list[list[list[str]]]:
-    """The same batches as piece strings, each source ending with EOS as wtnmt's do."""
+    """The same batches as piece strings, without the EOS that ends wtnmt's: the export's
+    config has CTranslate2 add it (``add_source_eos``), as it would to a user's pieces."""
     out = []
     for src in inputs:
         rows = []
         for row in src.tolist():
-            ids = row[: row.index(EOS) + 1]
+            ids = row[: row.index(EOS)]
             rows.append([tokens[i] for i in ids])
         out.append(rows)
     return out

@@ -308,7 +308,14 @@ def test_a_transformer_exported_to_ctranslate2_translates_as_wtnmt(tmp_path, joi
     translator = Translator.load(run)
     ids = translator.encode(SOURCES)
     ours = translator.translate_ids(ids, beam=1)
-    pieces = [[translator.vocab.source.sp.id_to_piece(i) for i in seq] + ["</s>"] for seq in ids]
+    # as CTranslate2's users do: the export's own SentencePiece model, its pieces as they come
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(
+        model_file=str(out / ("spm.model" if joint else "spm.src.model"))
+    )
+    pieces = [sp.encode(text, out_type=str) for text in SOURCES]
+    assert pieces == [[translator.vocab.source.sp.id_to_piece(i) for i in seq] for seq in ids]
     theirs = ctranslate2.Translator(str(out), device="cpu").translate_batch(
         pieces,
         beam_size=1,

@@ -4,15 +4,24 @@ greedy outputs of the two engines are checked identical by
 benchmarks/decode_vs_ctranslate2.py). CTranslate2's layer specs are fixed: the branched
 layers of a Weighted Transformer have none, and are refused with that reason, as are the
 options these specs are not mapped for. Needs ``pip install ctranslate2``.
+
+Used as CTranslate2's users use it: the source's SentencePiece pieces (the run's model, copied
+into the export: ``spm.model``, or ``spm.src.model`` and ``spm.tgt.model``) to
+``Translator.translate_batch``; the config adds the ``</s>`` wtnmt trains with
+(``add_source_eos``). wtnmt's search never emits ``<pad>`` or ``<s>`` and stops at
+``decode.max_len_a``·|x| + ``max_len_b`` tokens: ``suppress_sequences=[["<pad>"], ["<s>"]]``
+and ``max_decoding_length`` do the same there.
 """
 
 from __future__ import annotations
 
+import shutil
 import threading
 from pathlib import Path
 
 import torch
 
+from wtnmt.data.vocab import vocabulary_files
 from wtnmt.errors import CheckpointError
 from wtnmt.rundir import load_run
 
@@ -79,6 +88,7 @@ def ctranslate2_spec(model, tokens: list[str], source_tokens: list[str] | None =
         _norm(layer_spec.ffn.layer_norm, layer.ffn_res.norm)
     spec.config.layer_norm_epsilon = enc[0].self_attn_res.norm.eps
     spec.config.decoder_start_token = "<s>"
+    spec.config.add_source_eos = True  # wtnmt trains with </s> after every source
     spec.register_source_vocabulary(tokens if source_tokens is None else source_tokens)
     spec.register_target_vocabulary(tokens)
     return spec
@@ -151,7 +161,10 @@ def export_ctranslate2(
         raise CheckpointError("exporting to CTranslate2 needs: pip install ctranslate2") from None
     source, target = (_tokens(v) for v in (vocab.source, vocab.target))
     quantization = "int8" if quantize == "int8" else "float32"
-    return convert(model, target, out, quantization, None if vocab.joint else source)
+    convert(model, target, out, quantization, None if vocab.joint else source)
+    for name in vocabulary_files(vocab.joint):  # the pieces a user feeds it, made as ours
+        shutil.copyfile(Path(run) / name, out / name)
+    return out
 
 
 def _tokens(vocab) -> list[str]:  # type: ignore[no-untyped-def]
