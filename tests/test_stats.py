@@ -185,7 +185,7 @@ def test_the_seeds_table_names_what_one_seed_a_side_leaves_untested(tmp_path):
     assert alone.note.endswith("weighted against transformer (1 + 1 seeds)")
 
 
-def test_the_seeds_table_tests_best_dev_bleu_and_moses_bleu_too(tmp_path):
+def test_the_seeds_table_tests_best_dev_bleu_moses_bleu_and_ter_too(tmp_path):
     runs = []
     for model, devs in (
         ("transformer", [[20.0, 35.0, 34.8], [21.0, 36.0, 35.9]]),
@@ -200,6 +200,7 @@ def test_the_seeds_table_tests_best_dev_bleu_and_moses_bleu_too(tmp_path):
             ]
             (run.path / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
             run.scores["test"]["bleu_moses"] = 41.0 + seed + (model == "weighted")
+            run.scores["test"]["ter"] = 50.0 - seed - 2 * (model == "weighted")
             runs.append(Run(run.path, RunMetrics.load(run.path), run.scores, {}))
     table = seeds_test_table(runs)
     assert table is not None
@@ -214,6 +215,7 @@ def test_the_seeds_table_tests_best_dev_bleu_and_moses_bleu_too(tmp_path):
     assert rows["steps to best − 0.5"][3:7] == [-50.0, round(t, 2), round(df, 1), round(p, 4)]
     assert rows["test BLEU Moses"][3] == 1.0
     assert rows["test BLEU"][3] == 0.0
+    assert rows["test TER"][3] == -2.0  # TER where scores.json has it (lower: better)
 
 
 def test_moses_bleu_scores_lowercased_moses_tokens_and_counts_them_as_bleu_4():

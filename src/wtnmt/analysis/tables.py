@@ -182,13 +182,15 @@ def _spread(values: list[float | None]) -> str | None:
 
 
 # compared across seeds: the test scores (sacreBLEU, lowercased, the literature's lowercased
-# Moses-token BLEU where scores.json has it, chrF), the best greedy dev BLEU and the lowest dev
-# loss logged, and when each run reached its own plateau (where it ends against how soon)
+# Moses-token BLEU and TER where scores.json has them, chrF), the best greedy dev BLEU and the
+# lowest dev loss logged, and when each run reached its own plateau (where it ends against how
+# soon)
 _TESTED_SCORES = (
     ("bleu", "test BLEU"),
     ("bleu_lc", "test BLEU lc"),
     ("bleu_moses", "test BLEU Moses"),
     ("chrf", "chrF"),
+    ("ter", "test TER"),  # lower is better; runs scored before TER was recorded: not tested
     ("best_dev_bleu", "best dev BLEU"),
     ("lowest_dev_loss", "lowest dev loss"),
     ("steps_near_best", "steps to best − 0.5"),
