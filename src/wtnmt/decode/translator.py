@@ -55,6 +55,11 @@ def _note(message: str) -> None:
 
 
 class Translator:
+    """A trained run loaded for decoding: its model, vocabularies and decoding settings
+    (``config.decode``), searched by the engine ``load`` chose. Made with
+    ``Translator.load(RUN)``; every method takes raw sentences (or their ids) and returns
+    detokenised text (or hypotheses with their tokens and scores)."""
+
     def __init__(
         self,
         model,
@@ -88,7 +93,9 @@ class Translator:
         ``engine="native"``: the search and the decoder step in C++ over the model's own
         weights and kernels (CPU only; compiled on first use; decode/native).
         ``engine="auto"``: native where it can run (the CPU, a compiler, the kernels it
-        multiplies with), PyTorch otherwise (``say`` is told why)."""
+        multiplies with), PyTorch otherwise (``say`` is told why). The default here is
+        ``"pytorch"``, where ``wtnmt translate`` and ``serve`` use ``auto``: a program's
+        results do not depend on the machine's tools (the translations are the same)."""
         if engine not in ENGINES:
             raise ValueError(f"engine: {engine!r} is not one of {', '.join(map(repr, ENGINES))}")
         auto = engine == "auto"
@@ -322,6 +329,8 @@ class Translator:
         return [vocab.sp.id_to_piece(int(i)) for i in ids]
 
     def translate(self, sentences: Sequence[str], *, beam: int | None = None) -> list[str]:
+        """The best translation of each sentence (raw text in, detokenised text out, one for
+        one, in order), by beam search of ``beam`` (default: the run's ``decode.beam``)."""
         return [n[0].text for n in self.translate_nbest(sentences, beam=beam)]
 
     @torch.no_grad()
