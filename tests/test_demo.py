@@ -59,6 +59,7 @@ needs_tatoeba = pytest.mark.skipif(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(660)  # the demo's own limit (600 s) decides, not pytest's default 300
 @needs_tatoeba
 def test_a_short_demo_runs_end_to_end(tmp_path):
     done = subprocess.run(
