@@ -10,7 +10,7 @@ import hashlib
 import json
 import math
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Literal
 
@@ -58,6 +58,10 @@ class DataConfig:
     # each), the source's embedding its own and the target's tied to the output projection
     joint_vocab: bool = True
     vocab_size: int = 8000  # pieces in the vocabulary (in each, with joint_vocab: false)
+    # a run (or prepared data folder) whose SentencePiece model(s) to encode with instead of
+    # training new ones (data.vocab_size then unused): what a fine-tune of that run needs, and
+    # what train.init_from sets when this is null
+    vocab_from: str | None = None
     spm_model_type: Literal["bpe", "unigram"] = "bpe"  # sentencepiece's model type
     character_coverage: float = 1.0  # characters the vocabulary covers (sentencepiece's; 1.0: all)
     spm_seed: int = 1  # sentencepiece's seed
@@ -226,6 +230,10 @@ class TrainConfig:
     # from another random stream, and fused kernels round differently
     compile: bool = False
     disagreement: DisagreementConfig = field(default_factory=DisagreementConfig)
+    # start from a trained run's weights (a run directory: its model.safetensors; or one
+    # .safetensors file in a run) with a fresh optimizer and schedule: a fine-tune, e.g. on
+    # another domain's data, encoded with that run's vocabulary (data.vocab_from)
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
         positive(self, "train", "max_tokens", "update_freq", "warmup", "branch_warmup")
@@ -309,6 +317,16 @@ class DecodeConfig:
             )
 
 
+def init_run(init_from: str) -> str:
+    """The run directory ``train.init_from`` names: itself, or the folder of a weights file
+    (``RUN/average.safetensors``, ``RUN/checkpoints/step_….safetensors``)."""
+    path = Path(init_from)
+    if path.suffix != ".safetensors":
+        return init_from
+    folder = path.parent
+    return str(folder.parent if folder.name == "checkpoints" else folder)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
@@ -318,6 +336,10 @@ class RunConfig:
     prune: PruneRecord | None = None  # how a pruned model was made (`wtnmt prune`)
 
     def __post_init__(self) -> None:
+        if self.train.init_from is not None and self.data.vocab_from is None:
+            # a fine-tune reads the ids of the vocabulary its weights were trained on
+            run = init_run(self.train.init_from)
+            object.__setattr__(self, "data", replace(self.data, vocab_from=run))
         # a sentence of max_tokens_per_side pieces + BOS/EOS must have positions
         if self.model.max_positions < self.data.max_tokens_per_side + 1:
             raise ConfigError(

@@ -46,7 +46,7 @@ from wtnmt.data.spool import spooled
 from wtnmt.data.stream import PairList, ParallelFiles, TsvFile
 from wtnmt.data.summary import describe_filters, filters_applied, split_stats
 from wtnmt.data.train_split import Selection, encode, kept_pairs, select, train_vocabularies
-from wtnmt.data.vocab import vocabularies_sha256
+from wtnmt.data.vocab import Vocabularies, given_vocabularies, vocabularies_sha256
 
 FORMAT_VERSION = 2  # 2: dev/test ids cut to max_tokens_per_side
 Pair = tuple[str, str]
@@ -55,7 +55,7 @@ Pair = tuple[str, str]
 _NOT_OPTIONS = {"prepared_dir", "corpus_dir"}
 # options added since directories were first prepared, at the value that builds what was built
 # before them: left out of the fingerprint there, so that those directories stay current
-_SINCE = {"joint_vocab": True}
+_SINCE = {"joint_vocab": True, "vocab_from": None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,9 +258,16 @@ def _build(
             f"no training pairs left: {read['train']:,} read, all dropped "
             f"({_reasons(dropped['train'], corpus_level)}); check the training files"
         )
-    vocab = train_vocabularies(train, selection, out, c, threads=workers, log=log)
+    if c.vocab_from is None:
+        vocab = train_vocabularies(train, selection, out, c, threads=workers, log=log)
+        made = "trained"
+    else:
+        for path in given_vocabularies(c.vocab_from, c.joint_vocab):
+            shutil.copyfile(path, out / path.name)
+        vocab = Vocabularies.load(out, c.joint_vocab)
+        made = f"from {c.vocab_from} (data.vocab_from)"
     log(
-        f"vocabulary trained ({clock.lap('vocabulary')} s); encoding {selection.kept:,} "
+        f"vocabulary {made} ({clock.lap('vocabulary')} s); encoding {selection.kept:,} "
         f"training pairs on {workers} worker{'s' if workers > 1 else ''}"
     )
     encoded = encode(
@@ -368,7 +375,12 @@ def _prepare(
 ) -> dict[str, Any]:
     start = time.perf_counter()
     source = _source(config)
-    key, manifest = fingerprint(config, source.files)
+    given = (
+        []
+        if config.vocab_from is None
+        else given_vocabularies(config.vocab_from, config.joint_vocab)
+    )
+    key, manifest = fingerprint(config, source.files + given)
     if not force and is_current(out, key):
         log(f"{out}: up to date with its inputs and options, nothing to do")
         return json.loads((out / "summary.json").read_text())

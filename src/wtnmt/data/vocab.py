@@ -174,6 +174,28 @@ def vocabularies_sha256(directory: Path, joint: bool, *, pieces: bool = True) ->
     return hashlib.sha256("\n".join(hashes).encode()).hexdigest()
 
 
+def given_vocabularies(directory: str | Path, joint: bool) -> list[Path]:
+    """The SentencePiece model(s) of ``data.vocab_from`` (a run or a prepared folder) that
+    ``data.joint_vocab`` asks for; a DataError naming the folder and what it holds otherwise."""
+    folder = Path(directory)
+    if not folder.is_dir():
+        raise DataError(f"data.vocab_from={str(directory)!r}: no such directory")
+    names = vocabulary_files(joint)
+    if all((folder / name).is_file() for name in names):
+        return [folder / name for name in names]
+    other = vocabulary_files(not joint)
+    if all((folder / name).is_file() for name in other):
+        raise DataError(
+            f"data.vocab_from={str(directory)!r} holds {' and '.join(other)} (data.joint_vocab: "
+            f"{str(not joint).lower()}), this config asks for {' and '.join(names)}: set "
+            f"data.joint_vocab: {str(not joint).lower()}"
+        )
+    raise DataError(
+        f"data.vocab_from={str(directory)!r}: no {' and '.join(names)} there (a wtnmt run or "
+        f"prepared data folder holds them)"
+    )
+
+
 class Vocabularies:
     """The source's and the target's vocabulary: the same object where they are shared."""
 

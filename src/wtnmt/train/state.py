@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
 from wtnmt.errors import TrainingError
 
@@ -64,6 +65,20 @@ def make_adam(groups: list[dict[str, Any]], *, betas: tuple[float, float], eps: 
         return torch.optim.Adam(groups, lr=0.0, betas=betas, eps=eps)
 
 
+def make_optimizer(model: nn.Module, train: Any):  # type: ignore[no-untyped-def]
+    """(κ/α's learned parameters, Adam): two parameter groups, the network's and κ/α's (each
+    on its own schedule); fixed κ, α (model.branch_weights: fixed) are learned in neither."""
+    from wtnmt.model import BranchWeights
+
+    branch = [p for m in model.modules() if isinstance(m, BranchWeights) for p in m.parameters()]
+    ids = {id(p) for p in branch}
+    learned = [p for p in branch if p.requires_grad]
+    groups = [{"params": [p for p in model.parameters() if id(p) not in ids]}]
+    if learned:
+        groups.append({"params": learned})
+    return learned, make_adam(groups, betas=train.adam_betas, eps=train.adam_eps)
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -72,4 +87,4 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-__all__ = ["TrainState", "Window", "make_adam", "resolve_device"]
+__all__ = ["TrainState", "Window", "make_adam", "make_optimizer", "resolve_device"]

@@ -26,9 +26,11 @@ from wtnmt.config import RunConfig
 from wtnmt.data import Batch, ParallelData, plan_batches, prepare
 from wtnmt.data.vocab import Vocabularies, vocabulary_files, vocabulary_hashes
 from wtnmt.errors import TrainingError
-from wtnmt.model import BranchWeights, build_model, project_branch_weights
+from wtnmt.model import build_model, project_branch_weights
 from wtnmt.rundir import RunDirectory, latest_checkpoint, save_weights
 from wtnmt.runtime import bound_onednn_caches, resolve_precision
+from wtnmt.train.init_from import initial_weights as fine_tune_weights
+from wtnmt.train.init_from import weights_file
 from wtnmt.train.loop import TrainingLoop
 from wtnmt.train.report import RunReport, recorded_validations
 from wtnmt.train.resume import precision_on_resume, restore_training, save_training
@@ -41,7 +43,7 @@ from wtnmt.train.schedule import (
     step_budget,
     stop_reason,
 )
-from wtnmt.train.state import TrainState, make_adam, resolve_device
+from wtnmt.train.state import TrainState, make_optimizer, resolve_device
 from wtnmt.train.update import Learner, UpdateResult, update
 from wtnmt.train.validation import valid_references, validate
 
@@ -60,7 +62,8 @@ class Trainer(TrainingLoop):
     ) -> None:
         """``data_dir`` (with ``vocab_size``) trains on a directory already in the prepared
         format, e.g. pre-tokenised benchmark data, instead of preparing ``config.data``.
-        ``initial_weights``: start from these (a fine-tune) rather than a random draw."""
+        ``initial_weights``: start from these (a prune's fine-tune) rather than from
+        ``train.init_from``'s or a random draw."""
         self.config, self.run_dir = config, Path(run_dir)
         self.tc = config.train
         self.rank = int(os.environ.get("RANK", 0))
@@ -86,6 +89,8 @@ class Trainer(TrainingLoop):
         if self.tc.threads:
             torch.set_num_threads(self.tc.threads)
         self.report = RunReport(self.run_dir, is_main=self.is_main, to_stderr=log_to_stderr)
+        if self.tc.init_from is not None and not resume and initial_weights is None:
+            weights_file(self.tc.init_from)  # before its vocabulary is asked for
         self._prepare_run_dir(resume, data_dir)
         joint = config.data.joint_vocab
         self.vocab = Vocabularies.found(self.data_dir, joint)
@@ -99,19 +104,15 @@ class Trainer(TrainingLoop):
         torch.manual_seed(self.tc.seed)
         source_size = self.vocab.source_size if self.vocab is not None else None
         self.model = build_model(config.model, vocab_size=vocab_size, source_vocab_size=source_size)
+        if initial_weights is None and not resume and self.tc.init_from is not None:
+            vocabulary = vocabulary_hashes(self.vocab)["vocabulary_sha256"]
+            initial_weights = fine_tune_weights(
+                config, self.model, vocabulary, self.run_dir, log=self.log, write=self.is_main
+            )
         if initial_weights is not None:
             self.model.load_state_dict(initial_weights)
         self.model.to(self.device)
-        branch_params = [
-            p for m in self.model.modules() if isinstance(m, BranchWeights) for p in m.parameters()
-        ]
-        ids = {id(p) for p in branch_params}
-        # fixed κ, α (model.branch_weights: fixed) are not learned: in no group
-        self.branch_params = [p for p in branch_params if p.requires_grad]
-        groups = [{"params": [p for p in self.model.parameters() if id(p) not in ids]}]
-        if self.branch_params:
-            groups.append({"params": self.branch_params})
-        self.optimizer = make_adam(groups, betas=self.tc.adam_betas, eps=self.tc.adam_eps)
+        self.branch_params, self.optimizer = make_optimizer(self.model, self.tc)
         self.ddp: nn.Module = self.model
         if self.world > 1:
             self.ddp = nn.parallel.DistributedDataParallel(self.model)
