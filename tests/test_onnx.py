@@ -26,6 +26,7 @@ from onnx_products import beyond_simulation, instrumented
 from stepping import walk
 from wtnmt import Translator
 from wtnmt.cli import main as cli
+from wtnmt.decode.batches import padded
 from wtnmt.decode.onnx_engine import OnnxNetwork, OnnxStepper
 from wtnmt.decode.search import _Stepper
 from wtnmt.export.onnx import ExportError, export_onnx, graph_file
@@ -99,7 +100,7 @@ def exported(request, tmp_path_factory) -> tuple[Path, Translator, OnnxNetwork]:
 def _steps_agree(translator: Translator, net: OnnxNetwork, tolerance: float) -> float:
     """The PyTorch and the ONNX steps through beam search's reorders (stepping.walk) on three
     sentences, one with source padding; the largest difference of their log-probabilities."""
-    src = translator._tensor([translator.vocab.source.encode([s])[0] for s in SOURCES[:3]])
+    src = padded([translator.vocab.source.encode([s])[0] for s in SOURCES[:3]], translator.device)
     assert src.eq(0).any()  # source padding
     with torch.inference_mode():
         ref = _Stepper(translator.model, src, True, steps=40, group=2)
@@ -141,7 +142,7 @@ def test_int8_products_compute_the_quantisation_they_claim(learned, tmp_path):
     net = OnnxNetwork.open(directory, learned, quantize="int8")
     products = instrumented(net, directory, tmp_path)
     translator = Translator.load(learned)
-    src = translator._tensor([translator.vocab.source.encode([s])[0] for s in SOURCES[:3]])
+    src = padded([translator.vocab.source.encode([s])[0] for s in SOURCES[:3]], translator.device)
     with torch.inference_mode():  # the recording graphs compute what the plain ones do
         first = OnnxStepper(plain, src, steps=40, group=2)
         walk(first, OnnxStepper(net, src, steps=40, group=2), len(translator.vocab.target), 1e-6)

@@ -31,6 +31,7 @@ from int8_oracle import (
 from stepping import walk
 from wtnmt import Translator
 from wtnmt.cli import main as cli
+from wtnmt.decode.batches import padded
 from wtnmt.decode.search import _Stepper
 from wtnmt.model.packed import (
     PackedLinear,
@@ -176,7 +177,7 @@ def test_int8_is_off_by_default_and_every_product_of_its_steps_is_the_simulation
     quantized = Translator.load(run, quantize="int8")
     layers = _int8_layers(quantized)
     assert layers and all(layers) and quantized.quantize == "int8"
-    src = quantized._tensor([quantized.vocab.source.encode([s])[0] for s in sources[:3]])
+    src = padded([quantized.vocab.source.encode([s])[0] for s in sources[:3]], quantized.device)
     size = len(quantized.vocab.target)
 
     def kernel(model: torch.nn.Module = quantized.model) -> _Stepper:
@@ -202,7 +203,7 @@ def _margins(translator: Translator, source: str, ids: list[int]) -> float:
     """The least lead of the best next token over the second along ``ids`` and at its end
     (where EOS was chosen; a translation cut at the length limit chose none there), as the
     simulation computes it."""
-    src = translator._tensor(translator.vocab.source.encode([source]))
+    src = padded(translator.vocab.source.encode([source]), translator.device)
     prefix = torch.tensor([[BOS, *ids]])
     with _simulation()(), torch.inference_mode():
         step = _Stepper(translator.model, src, True, steps=len(ids) + 1, group=1)

@@ -1,12 +1,12 @@
 """wtnmt: the Weighted Transformer (Ahmed, Keskar & Socher, 2017) for machine translation.
 
-``from wtnmt import Translator`` gives the Python API; importing ``wtnmt`` alone stays light.
+``from wtnmt import Translator, Sampling`` gives the Python API; importing ``wtnmt`` alone stays light.
 """
 
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Translator", "__version__"]
+__all__ = ["Sampling", "Translator", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -14,4 +14,8 @@ def __getattr__(name: str) -> Any:
         from wtnmt.decode.translator import Translator
 
         return Translator
+    if name == "Sampling":
+        from wtnmt.decode.sampling import Sampling
+
+        return Sampling
     raise AttributeError(f"module 'wtnmt' has no attribute {name!r}")

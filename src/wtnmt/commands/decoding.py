@@ -111,6 +111,69 @@ def decode_overrides(translator, args: argparse.Namespace) -> bool:  # type: ign
     return bool(changes)
 
 
+_SAMPLING = {
+    "temperature": "--temperature",
+    "top_k": "--top-k",
+    "top_p": "--top-p",
+    "seed": "--seed",
+}
+
+
+def sampling_options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """--sampling and its options as a Sampling (None without --sampling); a ConfigError
+    naming the option where one is out of bounds or given without --sampling."""
+    from wtnmt.decode.sampling import Sampling
+
+    given = {k: getattr(args, k) for k in _SAMPLING if getattr(args, k) is not None}
+    if not args.sampling:
+        if given:
+            raise ConfigError(f"{_SAMPLING[next(iter(given))]} draws tokens: add --sampling")
+        return None
+    if args.beam is not None and args.beam > 1:
+        raise ConfigError(
+            f"--sampling draws each token, --beam {args.beam} searches: give one of the two"
+        )
+    try:
+        return Sampling(samples=args.nbest or 1, **given)
+    except ValueError as e:
+        text = str(e).replace("samples=", "--nbest ")
+        for key, option in _SAMPLING.items():
+            text = text.replace(f"{key}=", f"{option} ")
+        raise ConfigError(text) from None
+
+
+class PrefixLines:
+    """The lines of --prefix FILE, handed out in step with the input's chunks."""
+
+    def __init__(self, path: str) -> None:
+        from wtnmt.data.io import stream_lines
+
+        self.path = path
+        self._chunks = stream_lines(path, chunk=2000)
+        self._buffer: list[str] = []
+        self._read = 0
+
+    def take(self, n: int) -> list[str]:
+        while len(self._buffer) < n:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                raise ConfigError(
+                    f"--prefix {self.path}: {self._read + len(self._buffer)} lines, fewer than "
+                    f"the input's; give one prefix a line (an empty line for none)"
+                )
+            self._buffer += chunk[1]
+        out, self._buffer = self._buffer[:n], self._buffer[n:]
+        self._read += n
+        return out
+
+    def check_used_up(self) -> None:
+        if self._buffer or next(self._chunks, None) is not None:
+            raise ConfigError(
+                f"--prefix {self.path}: more lines than the input's {self._read}; give one "
+                f"prefix a line"
+            )
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
     from wtnmt.data.io import stream_lines
     from wtnmt.runtime import (
@@ -144,6 +207,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
     if args.output:
         _check_output_file(args.output, args.input)
     check_weights_name(args.weights)
+    sampling = sampling_options(args)
+    prefixes = None if args.prefix is None else PrefixLines(args.prefix)
 
     import torch
 
@@ -163,7 +228,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
     decode_overrides(translator, args)
     beam = args.beam or translator.config.decode.beam
     nbest = args.nbest or translator.config.decode.nbest
-    if nbest > beam:
+    if sampling is not None:
+        nbest = sampling.samples
+    elif nbest > beam:
         given = f"--nbest {nbest}" if args.nbest else f"decode.nbest={nbest} (the run's config)"
         raise ConfigError(f"{given} is more than the beam size {beam}: raise --beam")
     from wtnmt.commands.progress import Progress, count_lines
@@ -182,6 +249,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
                     nbest=nbest,
                     first_line=first,
                     warn=lambda m: print(f"wtnmt translate: warning: {m}", file=sys.stderr),
+                    prefixes=None if prefixes is None else prefixes.take(len(chunk)),
+                    sampling=sampling,
                 )
                 for i, options in enumerate(results):
                     lines = (
@@ -192,6 +261,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
                     out.write("".join(line + "\n" for line in lines))
                 out.flush()
                 progress.done(len(chunk))
+            if prefixes is not None:
+                prefixes.check_used_up()
     finally:
         translator.close()
     progress.close()

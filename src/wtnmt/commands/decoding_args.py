@@ -54,7 +54,52 @@ def add_translate(commands: argparse._SubParsersAction) -> None:
     add_weights(p)
     add_quantize(p)
     add_engine(p, default="auto")
+    add_sampling(p)
+    p.add_argument(
+        "--prefix",
+        metavar="FILE",
+        help="a target prefix a line, line for line with the input (an empty line: none): each "
+        "translation begins with it and the search goes on from there (fairseq's --prefix-size, "
+        "CTranslate2's target_prefix)",
+    )
     p.set_defaults(func=cmd_translate)
+
+
+def add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--sampling",
+        action="store_true",
+        help="draw each translation from the model instead of searching (back-translation); "
+        "--nbest N draws N a sentence, in the order drawn, each scored by its log-probability",
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        metavar="T",
+        help="with --sampling: probabilities ∝ p^(1/T) (default 1: the model's; above 0 to 100)",
+    )
+    p.add_argument(
+        "--top-k",
+        dest="top_k",
+        type=int,
+        metavar="K",
+        help="with --sampling: draw among the K most probable tokens (default 0: all)",
+    )
+    p.add_argument(
+        "--top-p",
+        dest="top_p",
+        type=float,
+        metavar="P",
+        help="with --sampling: among the most probable tokens that hold P of the probability "
+        "(nucleus sampling; default 1: all)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        metavar="S",
+        help="with --sampling: the seed (default 0); a sentence's samples depend only on it, "
+        "the sentence, its prefix and the options, not on its batch or the --workers",
+    )
 
 
 def add_evaluate(commands: argparse._SubParsersAction) -> None:

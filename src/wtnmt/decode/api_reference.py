@@ -14,19 +14,22 @@ import re
 import sys
 from pathlib import Path
 
+from wtnmt.decode.sampling import Sampling
 from wtnmt.decode.translator import Translator
 
 HEADER = """# The Python API
 
-`from wtnmt import Translator` is the API: a trained run (a directory `wtnmt train` wrote)
+`from wtnmt import Translator, Sampling` is the API: a trained run (a directory `wtnmt train` wrote)
 loaded for decoding. Made from the code's own docstrings by
 `python -m wtnmt.decode.api_reference --write docs/API.md` (a test checks it is current).
 
 ```python
-from wtnmt import Translator
+from wtnmt import Sampling, Translator
 t = Translator.load("runs/demo")                   # engine="pytorch" unless asked
 t.translate(["How are you?"], beam=4)               # ['Wie geht es dir?']
 t.score(["How are you?"], ["Wie geht es dir?"])     # log-probabilities
+t.translate(["How are you?"], prefixes=["Wie"])     # each translation begins with its prefix
+t.translate_nbest(["How are you?"], sampling=Sampling(samples=3, top_k=10, seed=1))  # drawn
 ```
 
 **The default engine differs from the command line's.** `wtnmt translate` and `wtnmt serve`
@@ -65,6 +68,7 @@ def page() -> str:
     for name, member in public_members(Translator):
         doc = inspect.getdoc(member)
         out += [f"### `{_signature(name, member)}`\n", doc or "", ""]
+    out += [f"## `{_signature(Sampling.__name__, Sampling)}`\n", inspect.getdoc(Sampling) or ""]
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -20,34 +20,22 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from wtnmt.decode.selection import row_argmax, top_extensions
+from wtnmt.decode.hypotheses import (
+    PENALTY_FORMS,
+    Hypothesis,
+    greedy_hypotheses,
+    length_penalty,
+    settle,
+)
+from wtnmt.decode.sampling import Sampling, row_keys, sample_pick, sentence_key, uniforms
+from wtnmt.decode.selection import force_tokens, row_argmax, top_extensions
 from wtnmt.special import BOS, EOS, PAD
-
-
-@dataclass(frozen=True)
-class Hypothesis:
-    tokens: list[int]  # without BOS and EOS
-    score: float  # log-probability / length penalty (what beam search ranks finished ones by)
-    log_prob: float  # summed log-probability of tokens + EOS
-
-
-PENALTY_FORMS = ("gnmt", "fairseq")
-
-
-def length_penalty(length: int | Tensor, alpha: float, form: str = "gnmt") -> float | Tensor:
-    """((5 + length) / 6) ** alpha (Wu et al., 2016; ``form="gnmt"``) or length ** alpha
-    (fairseq's, ``form="fairseq"``); length counts EOS."""
-    if form == "fairseq":
-        return length**alpha
-    if form == "gnmt":
-        return ((5 + length) / 6) ** alpha
-    raise ValueError(f"length penalty form {form!r} is not one of {', '.join(PENALTY_FORMS)}")
 
 
 def max_lengths(src: Tensor, *, a: float, b: int, pad_id: int, cap: int) -> Tensor:
@@ -114,12 +102,31 @@ def _constrain(lprobs: Tensor, t: int, min_len: int, forced: Tensor | None) -> T
     return lprobs
 
 
-def _limits(model, src: Tensor, max_len_a: float, max_len_b: int, max_len: int | None) -> Tensor:  # type: ignore[no-untyped-def]
-    """Per sentence, the number of tokens after which EOS is forced."""
+def _limits(  # type: ignore[no-untyped-def]
+    model,
+    src: Tensor,
+    max_len_a: float,
+    max_len_b: int,
+    max_len: int | None,
+    prefix: Tensor | None = None,
+) -> Tensor:
+    """Per sentence, the number of tokens after which EOS is forced: never inside its forced
+    ``prefix`` [B, P] (PAD-padded)."""
     cap = model.max_positions - 1
     if max_len is not None:
-        return torch.full((src.size(0),), min(max_len, cap), dtype=torch.long, device=src.device)
-    return max_lengths(src, a=max_len_a, b=max_len_b, pad_id=model.pad_id, cap=cap)
+        limit = torch.full((src.size(0),), min(max_len, cap), dtype=torch.long, device=src.device)
+    else:
+        limit = max_lengths(src, a=max_len_a, b=max_len_b, pad_id=model.pad_id, cap=cap)
+    if prefix is not None:
+        limit = torch.maximum(limit, prefix.ne(PAD).sum(1).clamp_max(cap))
+    return limit
+
+
+def _force(lprobs: Tensor, t: int, prefix: Tensor | None, rows: Tensor | None = None) -> None:
+    """Step ``t`` of the forced ``prefix`` [B, P] (of the sentences ``rows``), in place."""
+    if prefix is not None and t < prefix.size(1):
+        want = prefix[:, t] if rows is None else prefix.index_select(0, rows)[:, t]
+        force_tokens(lprobs.view(want.size(0), -1, lprobs.size(-1)), want, PAD)
 
 
 @torch.inference_mode()
@@ -132,10 +139,16 @@ def greedy_search(
     min_len: int = 0,
     max_len: int | None = None,
     use_cache: bool = True,
+    target_prefix: Tensor | None = None,
+    sampling: Sampling | None = None,
+    keys: Tensor | None = None,
 ) -> list[Hypothesis]:
-    """The most probable next token at every step, for each sentence of ``src`` [B, S]."""
+    """The most probable next token at every step, for each sentence of ``src`` [B, S],
+    after its forced ``target_prefix`` [B, P] (PAD-padded; the prefix is part of the output); with
+    ``sampling``, a token drawn at every step instead, with the row ``keys`` [B] (``row_keys``)
+    (a hypothesis's score is then its log-probability under the model)."""
     b = src.size(0)
-    limit = _limits(model, src, max_len_a, max_len_b, max_len)
+    limit = _limits(model, src, max_len_a, max_len_b, max_len, target_prefix)
     first_forced, steps = int(limit.min()), int(limit.max()) + 1  # step t = limit forces EOS
     stepper = _start(model, src, use_cache=use_cache, steps=steps, group=1)
     # BOS, then one column a step, written in place (PAD once a sentence has ended)
@@ -146,94 +159,18 @@ def greedy_search(
     for t in range(steps):
         forced = limit.le(t) if t >= first_forced else None
         lprobs = _constrain(stepper(tokens[:, : t + 1]), t, min_len, forced)  # [B, V]
-        token = row_argmax(lprobs)
+        _force(lprobs, t, target_prefix)
+        if sampling is None:
+            token = row_argmax(lprobs)
+        else:
+            s = sampling
+            token = sample_pick(lprobs, uniforms(keys, t), s.temperature, s.top_k, s.top_p)  # type: ignore[arg-type]
         best.append(lprobs.gather(1, token[:, None])[:, 0])
         tokens[:, t + 1] = token.masked_fill_(done, PAD)
         done |= token.eq(EOS)
         if bool(done.all()):
             break
     return greedy_hypotheses(tokens[:, 1 : len(best) + 1], torch.stack(best, dim=1))
-
-
-def greedy_hypotheses(out: Tensor, best: Tensor) -> list[Hypothesis]:
-    """Greedy search's hypotheses from the tokens it chose [B, T] (PAD after a sentence's
-    EOS) and their log-probabilities [B, T]: a sentence's tokens up to its EOS count, the
-    steps after it were only padded."""
-    ended = out.eq(EOS)
-    counted = (ended.cumsum(1) - ended.long()).eq(0)  # no EOS before
-    lengths = counted.sum(1)
-    log_prob = torch.where(counted, best, 0.0).sum(1)
-    hyps = []
-    for row, n, lp in zip(out.tolist(), lengths.tolist(), log_prob.tolist(), strict=True):
-        toks = row[:n]
-        if toks and toks[-1] == EOS:
-            toks = toks[:-1]
-        hyps.append(Hypothesis(toks, lp, lp))
-    return hyps
-
-
-def _settle(
-    top: Tensor,
-    origin: Tensor,
-    token: Tensor,
-    scores: Tensor,
-    prefix: Tensor,
-    active: Tensor,
-    finished: list[list[Hypothesis]],
-    beam: int,
-    alpha: float,
-    form: str,
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None] | None:
-    """A step where some hypotheses end (or cannot go on): record them in ``finished``.
-
-    top/origin/token [n, C]: the ranked extensions. An EOS ranked among the first K ends a
-    hypothesis; the best K others live on (too few: padded with dead ones, score -inf).
-    Returns their scores, origins and tokens [n', K] and the rows of the sentences still
-    searching (None: all of them), or None when every sentence is done.
-    """
-    n, group = scores.shape
-    alive = top.gt(float("-inf"))
-    is_eos = token.eq(EOS)
-    ends = is_eos & alive & torch.arange(top.size(1), device=top.device).lt(beam)
-    live = ~is_eos & alive
-    live_rank = live.cumsum(1) - 1
-    live &= live_rank.lt(beam)
-    n_live = live.sum(1)
-    ending = ends.nonzero().tolist()
-    if ending:  # to Python once: the last step ends every hypothesis
-        sents, top_l, origin_l = active.tolist(), top.tolist(), origin.tolist()
-        prefixes = prefix[:, 1:].tolist()
-    for row, r in ending:
-        sent = sents[row]
-        if len(finished[sent]) < beam:
-            toks = prefixes[row * group + origin_l[row][r]]
-            score = top_l[row][r]
-            finished[sent].append(
-                Hypothesis(toks, score / length_penalty(len(toks) + 1, alpha, form), score)
-            )
-    for row in n_live.eq(0).nonzero()[:, 0].tolist():
-        sent = int(active[row])
-        if not finished[sent]:  # nothing may follow (e.g. min_len): end the best prefix
-            best = float(scores[row].max())
-            toks = prefix[row * group + int(scores[row].argmax()), 1:].tolist()
-            finished[sent].append(
-                Hypothesis(toks, best / length_penalty(len(toks) + 1, alpha, form), best)
-            )
-    n_done = torch.tensor([len(finished[s]) for s in active.tolist()], device=top.device)
-    still = n_done.lt(beam) & n_live.gt(0)  # [n]
-    if not bool(still.any()):
-        return None
-    slot = torch.where(live, live_rank, beam)  # [n, C], beam = discarded
-    new_score = top.new_full((n, beam + 1), float("-inf"))
-    new_origin = origin.new_zeros(n, beam + 1)
-    new_token = token.new_full((n, beam + 1), EOS)
-    new_score.scatter_(1, slot, top.masked_fill(~live, float("-inf")))
-    new_origin.scatter_(1, slot, origin)
-    new_token.scatter_(1, slot, token)
-    if bool(still.all()):
-        return new_score[:, :beam], new_origin[:, :beam], new_token[:, :beam], None
-    rows = still.nonzero()[:, 0]
-    return new_score[rows, :beam], new_origin[rows, :beam], new_token[rows, :beam], rows
 
 
 @torch.inference_mode()
@@ -250,8 +187,10 @@ def beam_search(
     min_len: int = 0,
     max_len: int | None = None,
     use_cache: bool = True,
+    target_prefix: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
-    """The ``nbest`` best hypotheses of each sentence of ``src`` [B, S], best first.
+    """The ``nbest`` best hypotheses of each sentence of ``src`` [B, S], best first, each
+    beginning with the sentence's forced ``target_prefix`` [B, P] (PAD-padded) where given.
 
     The bookkeeping is batched: per step, a handful of tensor operations over all sentences,
     and Python only for the hypotheses that finish.
@@ -260,7 +199,7 @@ def beam_search(
         raise ValueError(f"nbest={nbest} must be between 1 and beam={beam}")
     length_penalty(1, alpha, penalty_form)  # an unknown form fails before the search
     b, device = src.size(0), src.device
-    limit = _limits(model, src, max_len_a, max_len_b, max_len)  # [n] of the active sentences
+    limit = _limits(model, src, max_len_a, max_len_b, max_len, target_prefix)  # [n] active
     first_forced = int(limit.min())
     stepper = _start(model, src, use_cache=use_cache, steps=int(limit.max()) + 1, group=beam)
     # step 0 has a single hypothesis per sentence (the empty prefix); K from step 1 on
@@ -273,6 +212,7 @@ def beam_search(
         forced = limit.le(t) if t >= first_forced else None
         lprobs = stepper(prefix).view(n, group, -1)  # [n, G, V]
         _constrain(lprobs, t, min_len, forced)
+        _force(lprobs, t, target_prefix, active)
         top, origin, token = top_extensions(lprobs, scores, 2 * beam)  # [n, C], best first
         rows, sentences = None, None
         if top.size(1) >= beam and not bool(
@@ -280,7 +220,7 @@ def beam_search(
         ):  # the usual step: no EOS among the best K, which all live on
             top, origin, token = top[:, :beam], origin[:, :beam], token[:, :beam]
         else:
-            settled = _settle(
+            settled = settle(
                 top, origin, token, scores, prefix, active, finished, beam, alpha, penalty_form
             )
             if settled is None:
@@ -309,16 +249,23 @@ def search_batch(
     max_len_b: int = 10,
     min_len: int = 0,
     max_len: int | None = None,
+    target_prefix: Tensor | None = None,
+    sampling: Sampling | None = None,
 ) -> list[list[Hypothesis]]:
     """The ``nbest`` best hypotheses of each sentence of ``src``: greedy search when
-    beam = nbest = 1, beam search otherwise. An engine with a search of its own (``search``,
-    decode/native) runs it with these settings."""
+    beam = nbest = 1, beam search otherwise; with ``sampling``, its ``samples`` samples of each
+    sentence instead, in the order drawn (beam and nbest unused). ``target_prefix`` [B, P]: each
+    sentence's forced target prefix (PAD-padded), or None. An engine with a search of its own
+    (``search``, decode/native) runs it with these settings."""
     limits = {
         "max_len_a": max_len_a,
         "max_len_b": max_len_b,
         "min_len": min_len,
         "max_len": max_len,
+        "target_prefix": target_prefix,
     }
+    if sampling is not None:
+        return _sample(model, src, sampling, limits)
     ranking = {"alpha": alpha, "penalty_form": penalty_form}
     if hasattr(model, "search"):
         return model.search(src, beam=beam, nbest=nbest, **ranking, **limits)  # type: ignore[no-any-return]
@@ -326,6 +273,35 @@ def search_batch(
         if beam == 1 and nbest == 1:
             return [[h] for h in greedy_search(model, src, **limits)]
         return beam_search(model, src, beam=beam, nbest=nbest, **ranking, **limits)
+
+
+def sampling_rows(
+    src: Tensor, prefix: Tensor | None, sampling: Sampling
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """Each sentence's rows repeated ``samples`` times (sentence-major), and each row's key
+    (decode/sampling.py): the seed, the sentence's source ids and prefix, the sample."""
+    keys = []
+    for i, row in enumerate(src.tolist()):
+        forced = [] if prefix is None else [t for t in prefix[i].tolist() if t != PAD]
+        keys.append(sentence_key(sampling.seed, [t for t in row if t != PAD], forced))
+    n = sampling.samples
+    rows = row_keys(keys, n, src.device)
+    if n == 1:
+        return src, prefix, rows
+    repeated = None if prefix is None else prefix.repeat_interleave(n, 0)
+    return src.repeat_interleave(n, 0), repeated, rows
+
+
+def _sample(model, src: Tensor, sampling: Sampling, limits: dict) -> list[list[Hypothesis]]:  # type: ignore[no-untyped-def,type-arg]
+    """``sampling.samples`` samples of each sentence of ``src``, on ``model``'s engine."""
+    src, limits["target_prefix"], keys = sampling_rows(src, limits["target_prefix"], sampling)
+    if hasattr(model, "sample"):
+        found = model.sample(src, sampling=sampling, keys=keys, **limits)
+    else:
+        with _torch_threads_beside(model):
+            found = greedy_search(model, src, sampling=sampling, keys=keys, **limits)
+    n = sampling.samples
+    return [found[i : i + n] for i in range(0, len(found), n)]
 
 
 @contextmanager
@@ -343,3 +319,17 @@ def _torch_threads_beside(model) -> Iterator[None]:  # type: ignore[no-untyped-d
         yield
     finally:
         torch.set_num_threads(before)
+
+
+__all__ = [
+    "PENALTY_FORMS",
+    "Hypothesis",
+    "Sampling",
+    "beam_search",
+    "greedy_hypotheses",
+    "greedy_search",
+    "length_penalty",
+    "max_lengths",
+    "sampling_rows",
+    "search_batch",
+]

@@ -66,3 +66,14 @@ def row_argmax(x: Tensor) -> Tensor:
 
 
 __all__ = ["row_argmax", "top_extensions"]
+
+
+def force_tokens(lprobs: Tensor, want: Tensor, free: int) -> Tensor:
+    """A forced target prefix's step, in place: where ``want`` [n] is not ``free`` (PAD), every
+    hypothesis of that sentence (lprobs [n, G, V]) may only take that token, at the model's
+    log-probability of it (counted in the score, as fairseq and CTranslate2 count it)."""
+    rows = want.ne(free)
+    index = want.clamp_min(0)[:, None, None].expand(lprobs.size(0), lprobs.size(1), 1)
+    kept = lprobs.gather(-1, index)
+    only = torch.full_like(lprobs, float("-inf")).scatter_(-1, index, kept)
+    return lprobs.copy_(torch.where(rows[:, None, None], only, lprobs))

@@ -23,6 +23,8 @@ from wtnmt.config import RunConfig
 from wtnmt.config.sections import MAX_BEAM
 from wtnmt.data.vocab import Vocabularies
 from wtnmt.decode.attention import LayerAttention, cross_attention
+from wtnmt.decode.batches import length_batches, padded, prefix_tensor
+from wtnmt.decode.sampling import Sampling
 from wtnmt.decode.search import search_batch
 from wtnmt.decode.workers import ENGINES as WORKER_ENGINES
 from wtnmt.decode.workers import SearchWorkers
@@ -34,7 +36,7 @@ from wtnmt.model import (
 )
 from wtnmt.model.packed import int8_kernels, int8_narrow_weights
 from wtnmt.rundir import load_run
-from wtnmt.special import BOS, EOS, PAD
+from wtnmt.special import PAD
 
 ENGINES = ("auto", "pytorch", "native", "onnxruntime")  # what runs the search (Translator.load)
 
@@ -42,7 +44,8 @@ ENGINES = ("auto", "pytorch", "native", "onnxruntime")  # what runs the search (
 @dataclass(frozen=True)
 class Translation:
     text: str
-    score: float  # length-normalised log-probability (beam) or log-probability (greedy)
+    # length-normalised log-probability (beam) or log-probability (greedy, sampling)
+    score: float
     ids: tuple[int, ...] = ()  # the output's piece ids, without BOS/EOS
 
 
@@ -211,28 +214,6 @@ class Translator:
                 ids[i] = seq[: self.max_source]
         return ids
 
-    def _batches(self, ids: list[list[int]], budget: int) -> list[list[int]]:
-        """Indices of non-empty sentences, grouped by length under the token budget."""
-        order = sorted((i for i, s in enumerate(ids) if s), key=lambda i: len(ids[i]))
-        batches: list[list[int]] = []
-        current: list[int] = []
-        for i in order:
-            if current and (len(current) + 1) * (len(ids[i]) + 1) > budget:
-                batches.append(current)
-                current = []
-            current.append(i)
-        if current:
-            batches.append(current)
-        return batches
-
-    def _tensor(self, seqs: list[list[int]], bos: bool = False) -> torch.Tensor:
-        width = max(map(len, seqs)) + 1
-        out = torch.full((len(seqs), width), PAD, dtype=torch.long)
-        for row, seq in enumerate(seqs):
-            full = [BOS, *seq] if bos else [*seq, EOS]
-            out[row, : len(full)] = torch.tensor(full, dtype=torch.long)
-        return out.to(self.device)
-
     def translate_nbest(
         self,
         sentences: Sequence[str],
@@ -243,11 +224,52 @@ class Translator:
         max_len: int | None = None,
         warn: Callable[[str], None] = _warn,
         first_line: int = 1,
+        prefixes: Sequence[str] | None = None,
+        sampling: Sampling | None = None,
     ) -> list[list[Translation]]:
         """The ``nbest`` best translations of each sentence, best first (an empty sentence
-        gives one empty translation). Warnings number lines from ``first_line``."""
+        gives one empty translation). Warnings number lines from ``first_line``.
+
+        ``prefixes``: a target prefix a sentence ("" for none) that every translation of it
+        begins with, the search continuing after it (its pieces' log-probabilities counted in
+        the score). ``sampling`` (``wtnmt.decode.sampling.Sampling``): ``sampling.samples``
+        translations a sentence drawn from the model, in the order drawn, instead of a search
+        (``beam`` and ``nbest`` unused); their score is their log-probability."""
         ids = self.encode(sentences, warn, first_line)
-        return self.translate_ids(ids, beam=beam, nbest=nbest, min_len=min_len, max_len=max_len)
+        forced = None
+        if prefixes is not None:
+            forced = self.encode_prefixes(prefixes, len(ids), warn, first_line, "prefix of line {}")
+        return self.translate_ids(
+            ids,
+            beam=beam,
+            nbest=nbest,
+            min_len=min_len,
+            max_len=max_len,
+            prefixes=forced,
+            sampling=sampling,
+        )
+
+    def encode_prefixes(
+        self,
+        prefixes: Sequence[str],
+        count: int,
+        warn: Callable[[str], None] = _warn,
+        first_line: int = 1,
+        label: str = "prefix {}",
+    ) -> list[list[int]]:
+        """Target prefixes → the target vocabulary's piece ids, one a sentence of ``count``,
+        each cut to the longest output the model has positions for (with a warning naming it
+        by ``label``, numbered from ``first_line``)."""
+        if len(prefixes) != count:
+            raise ValueError(f"prefixes: {len(prefixes)} for {count} sentences; give one each")
+        ids = self.vocab.target.encode(prefixes)
+        longest = self.model.max_positions - 2
+        for i, seq in enumerate(ids):
+            if len(seq) > longest:
+                where = label.format(first_line + i)
+                warn(f"{where}: {len(seq)} pieces, cut to the model's maximum of {longest}")
+                ids[i] = seq[:longest]
+        return ids
 
     def translate_ids(
         self,
@@ -258,9 +280,12 @@ class Translator:
         min_len: int = 0,
         max_len: int | None = None,
         batch_tokens: int | None = None,
+        prefixes: list[list[int]] | None = None,
+        sampling: Sampling | None = None,
     ) -> list[list[Translation]]:
-        """``translate_nbest`` of sentences already encoded (``encode``): batches sorted by
-        length under ``batch_tokens`` padded source tokens (default: decode.batch_tokens)."""
+        """``translate_nbest`` of sentences already encoded (``encode``, ``encode_prefixes``):
+        batches sorted by length under ``batch_tokens`` padded source tokens (default:
+        decode.batch_tokens)."""
         d = self.config.decode
         if beam is not None and not 1 <= beam <= MAX_BEAM:
             raise ValueError(f"beam={beam}: allowed 1 to {MAX_BEAM}")
@@ -274,13 +299,24 @@ class Translator:
             "min_len": min_len,
             "max_len": max_len,
         }
+        if sampling is not None:
+            options["sampling"] = sampling
         results: list[list[Translation]] = [[Translation("", 0.0)] for _ in ids]
-        batches = self._batches(ids, batch_tokens or d.batch_tokens)
-        sources = [self._tensor([ids[i] for i in batch]) for batch in batches]
+        batches = length_batches(ids, batch_tokens or d.batch_tokens)
+        sources = [padded([ids[i] for i in batch], self.device) for batch in batches]
+        forced: list[dict] = [{} for _ in batches]  # type: ignore[type-arg]
+        if prefixes is not None:
+            forced = [
+                {"target_prefix": prefix_tensor([prefixes[i] for i in b], self.device)}
+                for b in batches
+            ]
         if self._workers is not None:
-            found = self._workers.search(sources, **options)
+            found = self._workers.search(sources, forced, **options)
         else:
-            found = (search_batch(self.network, src, **options) for src in sources)
+            found = (
+                search_batch(self.network, src, **options, **more)
+                for src, more in zip(sources, forced, strict=True)
+            )
         for batch, hyps in zip(batches, found, strict=True):
             for i, best in zip(batch, hyps, strict=True):
                 results[i] = [
@@ -328,10 +364,20 @@ class Translator:
         vocab = self.vocab.source if source else self.vocab.target
         return [vocab.sp.id_to_piece(int(i)) for i in ids]
 
-    def translate(self, sentences: Sequence[str], *, beam: int | None = None) -> list[str]:
+    def translate(
+        self,
+        sentences: Sequence[str],
+        *,
+        beam: int | None = None,
+        prefixes: Sequence[str] | None = None,
+        sampling: Sampling | None = None,
+    ) -> list[str]:
         """The best translation of each sentence (raw text in, detokenised text out, one for
-        one, in order), by beam search of ``beam`` (default: the run's ``decode.beam``)."""
-        return [n[0].text for n in self.translate_nbest(sentences, beam=beam)]
+        one, in order), by beam search of ``beam`` (default: the run's ``decode.beam``); each
+        beginning with its ``prefixes`` entry where given; with ``sampling``, the first
+        translation drawn (``translate_nbest`` for several)."""
+        found = self.translate_nbest(sentences, beam=beam, prefixes=prefixes, sampling=sampling)
+        return [n[0].text for n in found]
 
     @torch.no_grad()
     def score(self, src: Sequence[str], hyp: Sequence[str]) -> list[float]:
@@ -341,9 +387,9 @@ class Translator:
         src_ids, hyp_ids = self.encode(src), self.encode(hyp)
         scores: list[float] = []
         for start in range(0, len(src), 64):
-            s = self._tensor(src_ids[start : start + 64])
-            tgt_in = self._tensor(hyp_ids[start : start + 64], bos=True)
-            tgt_out = self._tensor(hyp_ids[start : start + 64])
+            s = padded(src_ids[start : start + 64], self.device)
+            tgt_in = padded(hyp_ids[start : start + 64], self.device, bos=True)
+            tgt_out = padded(hyp_ids[start : start + 64], self.device)
             lprobs = torch.log_softmax(self.model(s, tgt_in).logits.float(), dim=-1)
             picked = lprobs.gather(-1, tgt_out[..., None])[..., 0]
             scores += picked.masked_fill(tgt_out.eq(PAD), 0.0).sum(-1).tolist()

@@ -97,6 +97,10 @@ def _search(job: tuple[Tensor, dict]) -> list[list[Hypothesis]]:
 ENGINES = ("pytorch", "native")  # what a worker searches with
 
 
+def _cpu(value: Any) -> Any:
+    return value.cpu() if isinstance(value, Tensor) else value
+
+
 class SearchWorkers:
     """``workers`` processes, each holding a copy of ``model`` (CPU) and decoding on
     ``threads`` threads. ``int8``: its linear layers decode in int8 (quantize_decoding).
@@ -127,11 +131,21 @@ class SearchWorkers:
             initargs=(os.getpid(), model_config, sizes, state, int8, threads, engine),
         )
 
-    def search(self, sources: Sequence[Tensor], **options: Any) -> Iterator[list[list[Hypothesis]]]:
-        """``search_batch(model, src, **options)`` for each batch of ``sources``, in order.
-        Raises DecodingError (one line) if a worker could not start or dies (killed, out of
-        memory)."""
-        jobs = [(src.cpu(), options) for src in sources]
+    def search(
+        self,
+        sources: Sequence[Tensor],
+        per_batch: Sequence[dict[str, Any]] | None = None,
+        **options: Any,
+    ) -> Iterator[list[list[Hypothesis]]]:
+        """``search_batch(model, src, **options, **per_batch[i])`` for each batch ``i`` of
+        ``sources``, in order (``per_batch``: options of each batch, e.g. its forced target
+        prefix). Raises DecodingError (one line) if a worker could not start or dies (killed,
+        out of memory)."""
+        more: Sequence[dict[str, Any]] = per_batch or [{} for _ in sources]
+        jobs = [
+            (src.cpu(), {**options, **{k: _cpu(v) for k, v in own.items()}})
+            for src, own in zip(sources, more, strict=True)
+        ]
         try:
             yield from self._pool.map(_search, jobs)
         except _StartFailed as e:

@@ -29,6 +29,16 @@ from wtnmt.serve.metrics import Metrics
 log = logging.getLogger("wtnmt.serve")
 
 
+class PerSentence(list):  # type: ignore[type-arg]
+    """A request's payload that holds one item a sentence (e.g. its forced target prefix):
+    each sentence is translated with its own item."""
+
+
+def _payload_of(job: _Job) -> Any:
+    payload = job.ticket.payload
+    return payload[job.index] if isinstance(payload, PerSentence) else payload
+
+
 class QueueFull(Exception):
     def __init__(self, waiting: int, limit: int, retry_after: int) -> None:
         super().__init__(f"queue full: {waiting} sentences waiting, limit {limit}")
@@ -233,7 +243,8 @@ class Batcher:
         for job in batch:
             m.queue_seconds.observe(start - job.arrived)
         try:
-            results = self._translate([j.ids for j in batch], [j.ticket.payload for j in batch])
+            payloads = [_payload_of(j) for j in batch]
+            results = self._translate([j.ids for j in batch], payloads)
         except Exception as error:  # the request fails, the server goes on
             log.exception("translating a batch of %d sentences failed", len(batch))
             for ticket in {job.ticket for job in batch}:

@@ -14,8 +14,9 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from wtnmt.decode.sampling import Sampling
 from wtnmt.model import chosen_branch_weights
-from wtnmt.serve.batcher import QueueFull, ServerStopping, Ticket
+from wtnmt.serve.batcher import PerSentence, QueueFull, ServerStopping, Ticket
 from wtnmt.serve.errors import ApiError
 from wtnmt.serve.runner import RequestPayload, Search, SentenceResult
 from wtnmt.serve.schemas import Candidate, ErrorResponse, TranslateRequest, TranslateResponse
@@ -105,7 +106,12 @@ async def translate(body: TranslateRequest, request: Request) -> TranslateRespon
     ids = state.translator.encode(sentences, warnings.append, first_line=0, label="text[{}]")
     if body.attention:
         check_attention_size(ids, state.translator.config, state.settings)
-    payload = RequestPayload(search=search, attention=body.attention)
+    payload: RequestPayload | PerSentence = RequestPayload(search=search, attention=body.attention)
+    if body.prefix is not None:
+        forced = forced_prefixes(body.prefix, sentences, state, warnings)
+        payload = PerSentence(
+            RequestPayload(search=search, attention=body.attention, prefix=tuple(p)) for p in forced
+        )
     try:
         ticket = state.batcher.submit(ids, key=search, payload=payload)
     except QueueFull as full:
@@ -120,7 +126,7 @@ async def translate(body: TranslateRequest, request: Request) -> TranslateRespon
         raise ApiError(503, str(stopping), reason="shutting_down") from None
     results = await answers(ticket, request)
     fields: dict[str, Any] = {"translations": [r.options[0].text for r in results]}
-    if body.nbest is not None:
+    if body.nbest is not None or search.nbest > 1:
         fields["nbest"] = [candidates(r, search.nbest) for r in results]
     if body.attention:
         fields["attention"] = [r.attention for r in results]
@@ -133,6 +139,8 @@ def choose_search(body: TranslateRequest, state: Any) -> Search:
     """The request's beam, n-best and branch weights (where, too), each checked against the
     limits and the model."""
     settings, translator = state.settings, state.translator
+    if body.sampling is not None:
+        return sampled(body, state)
     beam = state.default_beam if body.beam is None else body.beam
     if not 1 <= beam <= settings.max_beam:
         raise ApiError(
@@ -175,6 +183,60 @@ def choose_search(body: TranslateRequest, state: Any) -> Search:
     )
 
 
+def sampled(body: TranslateRequest, state: Any) -> Search:
+    """A request's sampling, checked: without beam or nbest, samples within --max-beam."""
+    for name in ("beam", "nbest"):
+        if getattr(body, name) is not None:
+            raise ApiError(
+                422,
+                f"{name}: sampling draws each token, {name} searches; ask for sampling.samples",
+                reason="sampling",
+                field=name,
+            )
+    s = body.sampling
+    assert s is not None
+    if s.samples > state.settings.max_beam:
+        raise ApiError(
+            422,
+            f"sampling.samples={s.samples} is out of range: 1 to {state.settings.max_beam}",
+            reason="samples_range",
+            field="sampling.samples",
+            limit=state.settings.max_beam,
+        )
+    drawn = Sampling(
+        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed, samples=s.samples
+    )
+    chosen = choose_search(body.model_copy(update={"sampling": None}), state)
+    return Search(
+        beam=1,
+        nbest=s.samples,
+        branch_weights=chosen.branch_weights,
+        seed=chosen.seed,
+        only=chosen.only,
+        sampling=drawn,
+    )
+
+
+def forced_prefixes(
+    prefix: str | list[str], sentences: list[str], state: Any, warnings: list[str]
+) -> list[list[int]]:
+    """The request's target prefixes as piece ids, one a sentence: 422 for another count,
+    or a prefix as a sentence may not be."""
+    given = [prefix] if isinstance(prefix, str) else prefix
+    if len(given) != len(sentences):
+        raise ApiError(
+            422,
+            f"prefix has {len(given)} entries for {len(sentences)} sentences; give one each "
+            f'("" for none)',
+            reason="prefix_count",
+            field="prefix",
+        )
+    check_sentences(given, state.settings, field="prefix")
+    return state.translator.encode_prefixes(  # type: ignore[no-any-return]
+        given, len(given), warnings.append, first_line=0, label="prefix[{}]"
+    )
+
+
 def check_sublayers(names: tuple[str, ...], how: str, model: Any) -> None:
     """422 for ``branch_weights_in`` with the learned weights, or naming a sublayer the model
     does not have."""
@@ -194,34 +256,35 @@ def check_sublayers(names: tuple[str, ...], how: str, model: Any) -> None:
         ) from None
 
 
-def check_sentences(sentences: list[str], settings: Any) -> None:
-    """422 for too many sentences, text that is not Unicode, or a sentence too long."""
+def check_sentences(sentences: list[str], settings: Any, field: str = "text") -> None:
+    """422 for too many sentences, text that is not Unicode, or a sentence too long (of the
+    request's ``field``)."""
     if len(sentences) > settings.max_sentences:
         raise ApiError(
             422,
-            f"text has {len(sentences):,} sentences; at most {settings.max_sentences:,} are "
+            f"{field} has {len(sentences):,} sentences; at most {settings.max_sentences:,} are "
             f"accepted per request",
             reason="too_many_sentences",
-            field="text",
+            field=field,
             limit=settings.max_sentences,
         )
     for i, sentence in enumerate(sentences):
         if not is_unicode(sentence):
             raise ApiError(
                 422,
-                f"text[{i}] is not valid Unicode text (it holds a lone surrogate, half of a "
+                f"{field}[{i}] is not valid Unicode text (it holds a lone surrogate, half of a "
                 f"character's UTF-16 pair)",
                 reason="invalid_text",
-                field="text",
+                field=field,
                 index=i,
             )
         if len(sentence) > settings.max_chars:
             raise ApiError(
                 422,
-                f"text[{i}] has {len(sentence):,} characters; at most {settings.max_chars:,} "
+                f"{field}[{i}] has {len(sentence):,} characters; at most {settings.max_chars:,} "
                 f"are accepted per sentence",
                 reason="sentence_too_long",
-                field="text",
+                field=field,
                 index=i,
                 limit=settings.max_chars,
             )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from wtnmt.decode.sampling import Sampling
 from wtnmt.decode.translator import Translation, Translator
 from wtnmt.model import branch_weights_overridden
 from wtnmt.serve.metrics import Metrics
@@ -27,12 +28,14 @@ class Search:
     branch_weights: BranchMode = "learned"
     seed: int = 0  # of random branch weights
     only: tuple[str, ...] | None = None  # the sublayers whose κ, α are replaced (None: all)
+    sampling: Sampling | None = None  # drawn rather than searched (nbest: the samples)
 
 
 @dataclass(frozen=True)
 class RequestPayload:
     search: Search
     attention: bool
+    prefix: tuple[int, ...] = ()  # the sentence's forced target prefix (piece ids)
 
 
 @dataclass(frozen=True)
@@ -56,8 +59,14 @@ class ModelRunner:
         with branch_weights_overridden(
             t.model, search.branch_weights, seed=search.seed, only=search.only
         ):
+            forced = [list(p.prefix) for p in payloads]
             outputs = t.translate_ids(
-                ids, beam=search.beam, nbest=search.nbest, batch_tokens=self.batch_tokens
+                ids,
+                beam=search.beam,
+                nbest=search.nbest,
+                batch_tokens=self.batch_tokens,
+                prefixes=forced if any(forced) else None,
+                sampling=search.sampling,
             )
             wanted = [i for i, p in enumerate(payloads) if p.attention and ids[i]]
             maps = t.cross_attention(

@@ -7,6 +7,16 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 
+class SamplingRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    temperature: float = Field(1.0, gt=0, le=100, description="p^(1/T); 1: the model's")
+    top_k: StrictInt = Field(0, ge=0, description="draw among the K most probable (0: all)")
+    top_p: float = Field(1.0, gt=0, le=1, description="among those holding P (1: all)")
+    seed: StrictInt = Field(0, ge=0, le=0xFFFFFFFF, description="a sentence's samples' seed")
+    samples: StrictInt = Field(1, ge=1, description="samples a sentence (at most --max-beam)")
+
+
 class TranslateRequest(BaseModel):
     # strict types and no unknown fields: "beam": "5" or a misspelt "nbset" is an error, not
     # something silently converted or ignored
@@ -36,12 +46,22 @@ class TranslateRequest(BaseModel):
     attention: StrictBool = Field(
         False, description="also return each sentence's cross-attention maps per branch"
     )
+    prefix: StrictStr | list[StrictStr] | None = Field(
+        None,
+        description="a target prefix each translation begins with, the search going on from "
+        'there: one a sentence of text ("" for none), or one string for a single sentence',
+    )
+    sampling: SamplingRequest | None = Field(
+        None,
+        description="draw the translations from the model instead of searching (without beam "
+        "or nbest); nbest then holds its samples in the order drawn",
+    )
 
 
 class Candidate(BaseModel):
     text: str
-    # length-normalised log-probability (beam) or log-probability (greedy); null where the
-    # search found no hypothesis for this place (the n-best list has exactly N entries)
+    # length-normalised log-probability (beam) or log-probability (greedy, sampling); null
+    # where the search found no hypothesis for this place (the n-best list has exactly N)
     score: float | None
 
 
@@ -77,6 +97,7 @@ __all__ = [
     "Candidate",
     "ErrorResponse",
     "LayerMaps",
+    "SamplingRequest",
     "SentenceAttention",
     "TranslateRequest",
     "TranslateResponse",

@@ -63,9 +63,12 @@ class Engine {
 
   // Greedy search: the chosen tokens [B, T] (PAD after a sentence's EOS) and each step's
   // log-probability of them [B, T]; decode/search.py's greedy_search makes hypotheses of them.
+  // After the forced ``prefix`` [B, P] (PAD-padded; P may be 0); with ``keys`` [B] (not empty),
+  // each token drawn as decode/sampling.py draws it instead of the most probable.
   std::tuple<Tensor, Tensor> greedy(std::vector<Tensor> cross_k, std::vector<Tensor> cross_v,
                                     std::vector<std::optional<Tensor>> cross_bias, Tensor limit,
-                                    int64_t min_len) {
+                                    int64_t min_len, Tensor prefix, Tensor keys,
+                                    double temperature, int64_t top_k, double top_p) {
     at::NoGradGuard no_grad;
     const int64_t b = limit.size(0);
     const int64_t first_forced = limit.min().item<int64_t>();
@@ -80,7 +83,8 @@ class Engine {
     for (int64_t t = 0; t < steps; ++t) {
       Tensor logits = step(tokens.select(1, t), t, st, std::nullopt, nullptr).to(at::kFloat);
       ++taken;
-      if (fused_) {  // the search's own step, the log-softmax in it
+      const bool forcing = t < prefix.size(1), sampling = keys.numel() > 0;
+      if (fused_ && !forcing && !sampling) {  // the search's own step, the log-softmax in it
         logits = logits.contiguous();
         if (greedy_pick(logits, t, min_len, limit, done, tokens.select(1, t + 1), best.select(1, t),
                         pad_, bos_, eos_))
@@ -91,7 +95,9 @@ class Engine {
       std::optional<Tensor> forced;
       if (t >= first_forced) forced = limit.le(t);
       constrain(lprobs, t, min_len, forced, pad_, bos_, eos_);
-      Tensor token = row_argmax(lprobs);
+      if (forcing) force_tokens(lprobs.view({b, 1, -1}), prefix.select(1, t), pad_);
+      Tensor token = sampling ? sample_pick(lprobs, uniforms(keys, t), temperature, top_k, top_p)
+                              : row_argmax(lprobs);
       best.select(1, t).copy_(lprobs.gather(1, token.unsqueeze(1)).select(1, 0));
       tokens.select(1, t + 1).copy_(token.masked_fill_(done, pad_));
       done.bitwise_or_(token.eq(eos_));
@@ -104,7 +110,8 @@ class Engine {
   // finished; decode/search.py's beam_search ranks them and keeps the n best.
   std::vector<std::vector<Hyp>> beam(std::vector<Tensor> cross_k, std::vector<Tensor> cross_v,
                                      std::vector<std::optional<Tensor>> cross_bias, Tensor limit,
-                                     int64_t min_len, int64_t beam, double alpha, bool fairseq) {
+                                     int64_t min_len, int64_t beam, double alpha, bool fairseq,
+                                     Tensor target_prefix) {
     at::NoGradGuard no_grad;
     const int64_t b = limit.size(0);
     const int64_t first_forced = limit.min().item<int64_t>();
@@ -135,6 +142,8 @@ class Engine {
       Tensor logits = step(prefix.select(1, prefix.size(1) - 1), t, st, own, &path);
       Tensor lprobs = at::log_softmax(logits.to(at::kFloat), -1).view({n, group, -1});
       constrain(lprobs, t, min_len, forced, pad_, bos_, eos_);
+      if (t < target_prefix.size(1))  // the forced prefix of the sentences still searched
+        force_tokens(lprobs, target_prefix.index_select(0, active).select(1, t), pad_);
       auto [top, origin, token] = top_extensions(lprobs, scores, 2 * beam);
       std::optional<Tensor> rows, sentences;
       bool usual = top.size(1) >= beam;

@@ -18,8 +18,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from wtnmt.decode.hypotheses import PENALTY_FORMS, Hypothesis, greedy_hypotheses
 from wtnmt.decode.native import NativeUnavailable, extension
-from wtnmt.decode.search import PENALTY_FORMS, Hypothesis, _limits, greedy_hypotheses
+from wtnmt.decode.sampling import Sampling
+from wtnmt.decode.search import _limits
 from wtnmt.model.attention import MultiHeadAttention
 from wtnmt.model.branched import BranchedAttention
 from wtnmt.model.float32_kernels import float32_kernels
@@ -233,6 +235,7 @@ class NativeEngine:
         max_len_b: int = 10,
         min_len: int = 0,
         max_len: int | None = None,
+        target_prefix: Tensor | None = None,
     ) -> list[list[Hypothesis]]:
         """decode/search.py's ``search_batch``, run by the native engine."""
         if not 1 <= nbest <= beam:
@@ -243,25 +246,62 @@ class NativeEngine:
             )
         self.check_usable()  # (the precision may have changed)
         model = self.model
-        limit = _limits(model, src, max_len_a, max_len_b, max_len)
-        greedy = beam == 1 and nbest == 1
-        cache = self._source(src)  # the source side, once a batch
-        cross_k = [c.cross_k for c in cache.layers]
-        cross_v = [c.cross_v for c in cache.layers]
-        bias = [c.cross_bias for c in cache.layers]
-        engine = self._engine(src.size(0))
-        if greedy:
-            tokens, best = engine.greedy(cross_k, cross_v, bias, limit, min_len)
+        limit = _limits(model, src, max_len_a, max_len_b, max_len, target_prefix)
+        forced = _no_prefix(src) if target_prefix is None else target_prefix
+        engine, source = self._engine(src.size(0)), self._source_side(src)
+        if beam == 1 and nbest == 1:
+            tokens, best = engine.greedy(*source, limit, min_len, forced, _NO_KEYS, 1.0, 0, 1.0)
             return [[h] for h in greedy_hypotheses(tokens, best)]
-        finished = engine.beam(
-            cross_k, cross_v, bias, limit, min_len, beam, alpha, penalty_form == "fairseq"
-        )
+        fairseq = penalty_form == "fairseq"
+        finished = engine.beam(*source, limit, min_len, beam, alpha, fairseq, forced)
         return [
             sorted((Hypothesis(list(t), s, lp) for t, s, lp in hyps), key=lambda h: -h.score)[
                 :nbest
             ]
             for hyps in finished
         ]
+
+    @torch.inference_mode()
+    def sample(
+        self,
+        src: Tensor,
+        *,
+        sampling: Sampling,
+        keys: Tensor,
+        max_len_a: float = 1.5,
+        max_len_b: int = 10,
+        min_len: int = 0,
+        max_len: int | None = None,
+        target_prefix: Tensor | None = None,
+    ) -> list[Hypothesis]:
+        """decode/search.py's greedy_search with ``sampling``, run by the native engine: a
+        hypothesis a row of ``src`` (rows already repeated a sample, ``keys`` theirs)."""
+        self.check_usable()
+        limit = _limits(self.model, src, max_len_a, max_len_b, max_len, target_prefix)
+        forced = _no_prefix(src) if target_prefix is None else target_prefix
+        engine, source = self._engine(src.size(0)), self._source_side(src)
+        s = sampling
+        tokens, best = engine.greedy(
+            *source, limit, min_len, forced, keys, s.temperature, s.top_k, s.top_p
+        )
+        return greedy_hypotheses(tokens, best)
+
+    def _source_side(self, src: Tensor) -> tuple[list, list, list]:  # type: ignore[type-arg]
+        """The cross-attention's keys, values and padding bias of each layer, once a batch."""
+        layers = self._source(src).layers
+        return (
+            [c.cross_k for c in layers],
+            [c.cross_v for c in layers],
+            [c.cross_bias for c in layers],
+        )
+
+
+_NO_KEYS = torch.empty(0, dtype=torch.long)  # greedy search's: nothing drawn
+
+
+def _no_prefix(src: Tensor) -> Tensor:
+    """The empty forced prefix [B, 0] of a batch."""
+    return torch.empty(src.size(0), 0, dtype=torch.long, device=src.device)
 
 
 __all__ = ["NativeEngine"]

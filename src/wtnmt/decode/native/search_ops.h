@@ -35,6 +35,60 @@ inline Tensor constrain(Tensor lprobs, int64_t t, int64_t min_len,
   return lprobs;
 }
 
+// decode/selection.py's force_tokens: where want[r] is not ``free``, every hypothesis of
+// sentence r (lprobs [n, G, V]) may only take that token, at its log-probability; in place
+inline void force_tokens(Tensor lprobs, const Tensor& want, int64_t free) {
+  Tensor rows = want.ne(free).view({-1, 1, 1});
+  Tensor index = want.clamp_min(0).view({-1, 1, 1}).expand({lprobs.size(0), lprobs.size(1), 1});
+  Tensor kept = lprobs.gather(-1, index);
+  Tensor only = at::full_like(lprobs, kNegInf).scatter_(-1, index, kept);
+  lprobs.copy_(at::where(rows, only, lprobs));
+}
+
+// decode/sampling.py's mix32 (Wellons' lowbias32)
+inline uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  x ^= x >> 16;
+  return x;
+}
+
+// decode/sampling.py's uniforms: [N] float32 in [0, 1), step ``step``'s draw of each row
+inline Tensor uniforms(const Tensor& keys, int64_t step) {
+  const int64_t n = keys.size(0);
+  Tensor u = at::empty({n}, keys.options().dtype(at::kFloat));
+  const int64_t* k = keys.data_ptr<int64_t>();
+  float* out = u.data_ptr<float>();
+  const uint32_t salt = mix32(static_cast<uint32_t>(step + 0x165667B1));
+  for (int64_t r = 0; r < n; ++r) {
+    const uint32_t h = mix32(static_cast<uint32_t>(k[r]) ^ salt);
+    out[r] = static_cast<float>(h >> 8) * (1.0f / 16777216.0f);
+  }
+  return u;
+}
+
+// decode/sampling.py's sample_pick, the same operators in the same order
+inline Tensor sample_pick(const Tensor& lprobs, const Tensor& u, double temperature,
+                          int64_t top_k, double top_p) {
+  Tensor scores = temperature != 1.0 ? lprobs / temperature : lprobs;
+  const int64_t v = scores.size(-1);
+  const int64_t k = top_k <= 0 ? v : std::min(top_k, v);
+  Tensor values, index;
+  if (k < v)
+    std::tie(values, index) = scores.topk(k, -1, true, true);
+  else
+    std::tie(values, index) = scores.sort(true, -1, true);
+  Tensor probs = at::softmax(values, -1);
+  if (top_p < 1.0) probs = probs.masked_fill((probs.cumsum(-1) - probs).ge(top_p), 0.0);
+  Tensor cdf = probs.cumsum(-1);
+  Tensor target = (u * cdf.select(1, cdf.size(1) - 1)).unsqueeze(1);
+  Tensor j = at::searchsorted(cdf, target, false, true).select(1, 0);
+  j = at::minimum(j, probs.gt(0).cumsum(-1).argmax(-1));
+  return index.gather(1, j.unsqueeze(1)).select(1, 0);
+}
+
 // decode/selection.py's row_argmax
 inline Tensor row_argmax(const Tensor& x) {
   const int64_t n = x.size(0), v = x.size(1);

@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""What sampling costs beside greedy search, on the native engine and the PyTorch engine.
+
+    python benchmarks/sampling_cost.py [--limit 320] [--rounds 3] [--engines native,pytorch]
+
+decode_speed.py's protocol: the benchmark's test sentences sorted by length in batches of 32,
+the `small` Weighted Transformer with random seeded weights, every output exactly 24 tokens
+(min = max = 24) so that each way does the same work, 2 threads. Per engine, greedy search and
+sampling (plain; top-k 10; top-p 0.9; one sample a sentence) take turns over ``--rounds``
+rounds; output tokens/s, medians, and each way's time against greedy's in the same round
+(median, lowest–highest). Sampling draws through ``search_batch`` as `wtnmt translate
+--sampling` does (the native engine's own loop, or the PyTorch engine's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from decode_speed import LENGTH, protocol_arguments, protocol_setup
+from wtnmt.decode.sampling import Sampling
+from wtnmt.decode.search import search_batch
+
+WAYS = {
+    "greedy": None,
+    "sampling": Sampling(seed=1),
+    "top-k 10": Sampling(seed=1, top_k=10),
+    "top-p 0.9": Sampling(seed=1, top_p=0.9),
+}
+
+
+def run(engine, inputs, sampling: Sampling | None) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+    start, tokens = time.perf_counter(), 0
+    for src in inputs:
+        found = search_batch(
+            engine, src, beam=1, min_len=LENGTH, max_len=LENGTH, sampling=sampling
+        )
+        tokens += sum(len(hyps[0].tokens) for hyps in found)
+    return time.perf_counter() - start, tokens
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    protocol_arguments(parser, limit=320)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--engines", default="native,pytorch")
+    args = parser.parse_args()
+    model, inputs = protocol_setup(args)
+    engines = {}
+    for name in args.engines.split(","):
+        if name == "native":
+            from wtnmt.decode.native.network import NativeEngine
+
+            engines[name] = NativeEngine(model)
+        else:
+            engines[name] = model
+    for name, engine in engines.items():
+        run(engine, inputs[:1], None)  # warm-up
+        seconds: dict[str, list[float]] = {way: [] for way in WAYS}
+        ratios: dict[str, list[float]] = {way: [] for way in WAYS}
+        for _ in range(args.rounds):
+            this_round = {}
+            for way, sampling in WAYS.items():
+                took, tokens = run(engine, inputs, sampling)
+                assert tokens == LENGTH * sum(src.size(0) for src in inputs), tokens
+                this_round[way] = took
+                seconds[way].append(tokens / took)
+            for way in WAYS:
+                ratios[way].append(this_round[way] / this_round["greedy"])
+        for way in WAYS:
+            r = ratios[way]
+            print(
+                f"{name:8s} {way:10s} {statistics.median(seconds[way]):8.0f} out tok/s  "
+                f"time ×{statistics.median(r):.2f} of greedy ({min(r):.2f}–{max(r):.2f})",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
