@@ -37,9 +37,7 @@ WAYS = {
 def run(engine, inputs, sampling: Sampling | None) -> tuple[float, int]:  # type: ignore[no-untyped-def]
     start, tokens = time.perf_counter(), 0
     for src in inputs:
-        found = search_batch(
-            engine, src, beam=1, min_len=LENGTH, max_len=LENGTH, sampling=sampling
-        )
+        found = search_batch(engine, src, beam=1, min_len=LENGTH, max_len=LENGTH, sampling=sampling)
         tokens += sum(len(hyps[0].tokens) for hyps in found)
     return time.perf_counter() - start, tokens
 

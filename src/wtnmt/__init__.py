@@ -1,6 +1,7 @@
 """wtnmt: the Weighted Transformer (Ahmed, Keskar & Socher, 2017) for machine translation.
 
-``from wtnmt import Translator, Sampling`` gives the Python API; importing ``wtnmt`` alone stays light.
+``from wtnmt import Translator, Sampling`` gives the Python API; importing ``wtnmt`` alone
+stays light.
 """
 
 from typing import Any
