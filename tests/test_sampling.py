@@ -22,12 +22,12 @@ from wtnmt.special import BOS, EOS, PAD
 VOCAB = 24
 
 
-def _model(seed: int = 3) -> torch.nn.Module:
+def _model(seed: int = 3, vocab: int = VOCAB) -> torch.nn.Module:
     """A tiny random Weighted Transformer whose first-token distribution is spread: many
     tokens with a fair share of the probability."""
     torch.manual_seed(seed)
     config = load_config("weighted-tiny", ["model.d_model=32", "model.d_ff=64", "model.heads=4"])
-    return build_model(config.model, vocab_size=VOCAB).eval()
+    return build_model(config.model, vocab_size=vocab).eval()
 
 
 def _source() -> torch.Tensor:
@@ -41,7 +41,8 @@ def _first_step_probabilities(model, src, temperature, top_k, top_p) -> list[flo
         lprobs = _Stepper(model, src, use_cache=False, steps=1, group=1)(torch.tensor([[BOS]]))[
             0
         ].double()
-    scores = {i: float(lprobs[i]) / temperature for i in range(VOCAB) if i not in (PAD, BOS)}
+    vocab = lprobs.size(0)
+    scores = {i: float(lprobs[i]) / temperature for i in range(vocab) if i not in (PAD, BOS)}
     ranked = sorted(scores, key=lambda i: (-scores[i], i))
     if top_k:
         ranked = ranked[:top_k]
@@ -57,7 +58,7 @@ def _first_step_probabilities(model, src, temperature, top_k, top_p) -> list[flo
             kept.append(i)
             held += probs[i]
         probs = {i: probs[i] / held for i in kept}
-    return [probs.get(i, 0.0) for i in range(VOCAB)]
+    return [probs.get(i, 0.0) for i in range(vocab)]
 
 
 def _first_tokens(engine, src, sampling: dict, draws: int) -> list[int]:  # type: ignore[no-untyped-def]
@@ -79,15 +80,24 @@ SETTINGS = [
 ]
 
 
-@pytest.mark.parametrize("sampling", SETTINGS, ids=lambda s: str(s) or "plain")
-def test_drawn_tokens_follow_the_models_filtered_distribution(sampling):
-    model, src, draws = _model(), _source(), 4000
+# a vocabulary of 600 whose distribution is nearly flat: top-p 0.2 finds its tokens among
+# the 256 most probable, 0.9 among all of them (decode/sampling.py's NUCLEUS_FIRST)
+WIDE = [{"top_p": 0.2}, {"top_p": 0.9}, {"temperature": 3.0, "top_k": 300, "top_p": 0.5}]
+
+
+@pytest.mark.parametrize(
+    ("sampling", "vocab"),
+    [(s, VOCAB) for s in SETTINGS] + [(s, 600) for s in WIDE],
+    ids=lambda s: str(s) or "plain",
+)
+def test_drawn_tokens_follow_the_models_filtered_distribution(sampling, vocab):
+    model, src, draws = _model(vocab=vocab), _source(), 4000
     want = _first_step_probabilities(
         model, src, sampling.get("temperature", 1.0), sampling.get("top_k", 0),
         sampling.get("top_p", 1.0),
     )  # fmt: skip
-    assert sum(p > 0.02 for p in want) >= 3  # a distribution worth testing
-    counts = [0] * VOCAB
+    assert sum(p > 0.5 / len(want) for p in want) >= 3  # a distribution worth testing
+    counts = [0] * vocab
     for token in _first_tokens(model, src, sampling, draws):
         counts[token] += 1
     for token, (count, p) in enumerate(zip(counts, want, strict=True)):
@@ -138,13 +148,18 @@ def test_the_native_engine_draws_what_the_pytorch_engine_draws():
         pytest.skip(f"the native engine cannot be built here: {unavailable_reason()}")
     from wtnmt.decode.native.network import NativeEngine
 
-    model = _model(5)
-    native = NativeEngine(model, fused=False)  # PyTorch's operators: every number the same
+    for vocab, settings in ((VOCAB, SETTINGS), (600, WIDE)):
+        model = _model(5, vocab)
+        native = NativeEngine(model, fused=False)  # PyTorch's operators: the same numbers
+        _same_draws(model, native, settings, vocab)
+
+
+def _same_draws(model, native, settings, vocab: int) -> None:  # type: ignore[no-untyped-def]
     g = torch.Generator().manual_seed(2)
-    src = torch.randint(4, VOCAB, (3, 7), generator=g)
+    src = torch.randint(4, vocab, (3, 7), generator=g)
     src[:, -1] = EOS
     prefix = torch.tensor([[8, 9], [PAD, PAD], [10, PAD]])
-    for sampling in SETTINGS:
+    for sampling in settings:
         drawn = Sampling(samples=4, seed=7, **sampling)
         for forced in (None, prefix):
             want = search_batch(model, src, beam=1, sampling=drawn, target_prefix=forced)

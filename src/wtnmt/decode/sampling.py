@@ -103,18 +103,24 @@ def uniforms(keys: Tensor, step: int) -> Tensor:
 
 
 # ------------------------------------------------------------------------------------ drawing
+NUCLEUS_FIRST = 256  # top-p looks for its tokens among this many before ranking them all
+
+
 def sample_pick(lprobs: Tensor, u: Tensor, temperature: float, top_k: int, top_p: float) -> Tensor:
     """[N] the token drawn from each row of ``lprobs`` [N, V] (ruled-out tokens at -inf) with
     its uniform ``u`` [N]: probabilities ∝ exp(lprobs / temperature) over the ``top_k`` most
     probable (0: all), then the most probable of them holding ``top_p``; an inverse CDF over
-    those, most probable first (ties: the lower id first)."""
+    those, most probable first (without either, over every token in id order: no ranking)."""
     scores = lprobs / temperature if temperature != 1.0 else lprobs
-    k = scores.size(-1) if top_k <= 0 else min(top_k, scores.size(-1))
-    if k < scores.size(-1):
-        values, index = scores.topk(k, dim=-1, sorted=True)
+    v = scores.size(-1)
+    index: Tensor | None = None
+    if 0 < top_k < v:
+        values, index = scores.topk(top_k, dim=-1, sorted=True)
+        probs = torch.softmax(values, dim=-1)
+    elif top_p < 1.0:
+        index, probs = _nucleus_candidates(scores, top_p)
     else:
-        values, index = scores.sort(dim=-1, descending=True, stable=True)
-    probs = torch.softmax(values, dim=-1)
+        probs = torch.softmax(scores, dim=-1)
     if top_p < 1.0:  # keep a token while the more probable ones hold less than top_p
         before = probs.cumsum(-1) - probs
         probs = probs.masked_fill(before.ge(top_p), 0.0)
@@ -124,12 +130,27 @@ def sample_pick(lprobs: Tensor, u: Tensor, temperature: float, top_k: int, top_p
     # where u·total rounds up to the total: the last token of non-zero probability
     last = probs.gt(0).cumsum(-1).argmax(-1)
     j = torch.minimum(j, last)
-    return index.gather(1, j.unsqueeze(1))[:, 0]
+    return j if index is None else index.gather(1, j.unsqueeze(1))[:, 0]
+
+
+def _nucleus_candidates(scores: Tensor, top_p: float) -> tuple[Tensor, Tensor]:
+    """The tokens top-p chooses among, most probable first, and their probabilities (of the
+    whole distribution): the ``NUCLEUS_FIRST`` most probable where they hold ``top_p`` in
+    every row (the rest could not be kept), else every token ranked."""
+    total = scores.logsumexp(-1, keepdim=True)
+    first = min(NUCLEUS_FIRST, scores.size(-1))
+    values, index = scores.topk(first, dim=-1, sorted=True)
+    probs = (values - total).exp()
+    if first < scores.size(-1) and not bool(probs.sum(-1).ge(top_p).all()):
+        values, index = scores.sort(dim=-1, descending=True, stable=True)
+        probs = (values - total).exp()
+    return index, probs
 
 
 __all__ = [
     "MAX_SAMPLES",
     "MAX_TEMPERATURE",
+    "NUCLEUS_FIRST",
     "Sampling",
     "mix32",
     "mix32_tensor",

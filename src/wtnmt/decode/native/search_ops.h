@@ -69,24 +69,38 @@ inline Tensor uniforms(const Tensor& keys, int64_t step) {
   return u;
 }
 
-// decode/sampling.py's sample_pick, the same operators in the same order
+// decode/sampling.py's sample_pick (and _nucleus_candidates), the same operators in the
+// same order
 inline Tensor sample_pick(const Tensor& lprobs, const Tensor& u, double temperature,
                           int64_t top_k, double top_p) {
   Tensor scores = temperature != 1.0 ? lprobs / temperature : lprobs;
   const int64_t v = scores.size(-1);
-  const int64_t k = top_k <= 0 ? v : std::min(top_k, v);
-  Tensor values, index;
-  if (k < v)
-    std::tie(values, index) = scores.topk(k, -1, true, true);
-  else
-    std::tie(values, index) = scores.sort(true, -1, true);
-  Tensor probs = at::softmax(values, -1);
+  std::optional<Tensor> index;
+  Tensor probs;
+  if (top_k > 0 && top_k < v) {
+    auto [values, idx] = scores.topk(top_k, -1, true, true);
+    index = idx;
+    probs = at::softmax(values, -1);
+  } else if (top_p < 1.0) {
+    Tensor total = scores.logsumexp({-1}, true);
+    const int64_t first = std::min<int64_t>(256, v);  // NUCLEUS_FIRST
+    auto [values, idx] = scores.topk(first, -1, true, true);
+    probs = (values - total).exp();
+    index = idx;
+    if (first < v && !probs.sum(-1).ge(top_p).all().item<bool>()) {
+      auto [all_values, all_idx] = scores.sort(true, -1, true);
+      probs = (all_values - total).exp();
+      index = all_idx;
+    }
+  } else {
+    probs = at::softmax(scores, -1);
+  }
   if (top_p < 1.0) probs = probs.masked_fill((probs.cumsum(-1) - probs).ge(top_p), 0.0);
   Tensor cdf = probs.cumsum(-1);
   Tensor target = (u * cdf.select(1, cdf.size(1) - 1)).unsqueeze(1);
   Tensor j = at::searchsorted(cdf, target, false, true).select(1, 0);
   j = at::minimum(j, probs.gt(0).cumsum(-1).argmax(-1));
-  return index.gather(1, j.unsqueeze(1)).select(1, 0);
+  return index ? index->gather(1, j.unsqueeze(1)).select(1, 0) : j;
 }
 
 // decode/selection.py's row_argmax
