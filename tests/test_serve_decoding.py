@@ -88,3 +88,19 @@ def test_bad_decoding_options_are_422_naming_the_field(client, body, field, word
 def test_sampling_values_out_of_their_bounds_are_422(client, sampling):
     response = client.post("/v1/translate", json={"text": "alpha", "sampling": sampling})
     assert response.status_code == 422, response.text
+
+
+def test_alignments_equal_the_translators(client, translator):
+    from wtnmt.decode.alignment import AlignmentSource
+
+    lines = [SENTENCES[0], "", SENTENCES[2]]
+    for level in ("words", "pieces"):
+        got = client.post("/v1/translate", json={"text": lines, "alignment": level}).json()
+        found = translator.translate_nbest(lines)
+        want = translator.alignments(lines, [f[0] for f in found], AlignmentSource(level=level))
+        assert got["alignments"] == [[list(p) for p in links] for links in want]
+        assert got["alignments"][1] == [] and got["alignments"][0]
+    plain = client.post("/v1/translate", json={"text": lines}).json()
+    assert "alignments" not in plain
+    bad = client.post("/v1/translate", json={"text": "alpha", "alignment": "letters"})
+    assert bad.status_code == 422

@@ -118,7 +118,7 @@ def strict(translator):
             {"text": "a", "nbset": 2},
             422,
             "unknown field 'nbset'; the fields are: text, beam, nbest, branch_weights, "
-            "branch_weights_in, seed, attention",
+            "branch_weights_in, seed, attention, prefix, alignment, sampling",
             {"field": "nbset"},
         ),
         ({"beam": 2}, 422, "the field 'text' is required", {"field": "text"}),

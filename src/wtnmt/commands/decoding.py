@@ -142,6 +142,45 @@ def sampling_options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         raise ConfigError(text) from None
 
 
+def alignment_options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """--alignment and its layer and heads (None without --alignment); a ConfigError naming
+    the option."""
+    from wtnmt.decode.alignment import AlignmentSource
+
+    if args.alignment is None:
+        for option in ("alignment_layer", "alignment_heads"):
+            if getattr(args, option) is not None:
+                raise ConfigError(f"--{option.replace('_', '-')} reads alignments: add --alignment")
+        return None
+    heads = None
+    if args.alignment_heads is not None:
+        try:
+            heads = tuple(int(h) for h in args.alignment_heads.split(","))
+        except ValueError:
+            raise ConfigError(
+                f"--alignment-heads {args.alignment_heads}: head numbers from 1, e.g. 1,3"
+            ) from None
+    return AlignmentSource(layer=args.alignment_layer, heads=heads, level=args.alignment)
+
+
+def check_alignment(translator, how) -> None:  # type: ignore[no-untyped-def]
+    """The layer and heads ``how`` names exist in the model (a ConfigError naming the
+    option), and where alignments are read from said on stderr once."""
+    from wtnmt.decode.alignment import describe
+
+    model = translator.model
+    try:
+        layer = how.layer_of(len(model.decoder_layers))
+        branches = translator.config.model.branch_numbers("decoder", layer)
+        for head in how.heads or ():
+            if not 1 <= head <= len(branches):
+                raise ValueError(f"head {head}: layer {layer}'s are 1 to {len(branches)}")
+    except ValueError as e:
+        option = "--alignment-heads" if "head" in str(e) else "--alignment-layer"
+        raise ConfigError(f"{option}: {e}") from None
+    print(f"wtnmt translate: {describe(model, how)}", file=sys.stderr)
+
+
 class PrefixLines:
     """The lines of --prefix FILE, handed out in step with the input's chunks."""
 
@@ -176,6 +215,7 @@ class PrefixLines:
 
 def cmd_translate(args: argparse.Namespace) -> int:
     from wtnmt.data.io import stream_lines
+    from wtnmt.decode.alignment import format_links
     from wtnmt.runtime import (
         check_device,
         check_engine,
@@ -208,6 +248,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         _check_output_file(args.output, args.input)
     check_weights_name(args.weights)
     sampling = sampling_options(args)
+    aligned = alignment_options(args)
     prefixes = None if args.prefix is None else PrefixLines(args.prefix)
 
     import torch
@@ -233,6 +274,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
     elif nbest > beam:
         given = f"--nbest {nbest}" if args.nbest else f"decode.nbest={nbest} (the run's config)"
         raise ConfigError(f"{given} is more than the beam size {beam}: raise --beam")
+    if aligned is not None:
+        check_alignment(translator, aligned)
     from wtnmt.commands.progress import Progress, count_lines
 
     progress = Progress("translated", count_lines(args.input), "line")
@@ -252,12 +295,22 @@ def cmd_translate(args: argparse.Namespace) -> int:
                     prefixes=None if prefixes is None else prefixes.take(len(chunk)),
                     sampling=sampling,
                 )
+                links = None
+                if aligned is not None:
+                    flat = [(chunk[i], t) for i, options in enumerate(results) for t in options]
+                    found = translator.alignments(
+                        [s for s, _ in flat], [t for _, t in flat], aligned
+                    )
+                    links = iter(format_links(f) for f in found)
                 for i, options in enumerate(results):
                     lines = (
                         [options[0].text]
                         if nbest == 1
                         else nbest_lines(first - 1 + i, options, nbest)
                     )
+                    if links is not None:
+                        said = [f"{line} ||| {next(links)}" for line in lines[: len(options)]]
+                        lines = said + [f"{line} ||| " for line in lines[len(options) :]]
                     out.write("".join(line + "\n" for line in lines))
                 out.flush()
                 progress.done(len(chunk))

@@ -62,6 +62,27 @@ def add_translate(commands: argparse._SubParsersAction) -> None:
         "translation begins with it and the search goes on from there (fairseq's --prefix-size, "
         "CTranslate2's target_prefix)",
     )
+    p.add_argument(
+        "--alignment",
+        nargs="?",
+        const="words",
+        choices=["words", "pieces"],
+        help="also write each translation's alignment to its source, 'i-j' pairs (source word "
+        "i, output word j, from 0) after ' ||| ' (by SentencePiece piece with 'pieces'), from "
+        "the cross-attention",
+    )
+    p.add_argument(
+        "--alignment-layer",
+        type=int,
+        metavar="N",
+        help="the decoder layer read (from 0; default: the penultimate, Garg et al. 2019)",
+    )
+    p.add_argument(
+        "--alignment-heads",
+        metavar="I,J",
+        help="the heads (branches) averaged, numbered from 1 (default: all; a Weighted "
+        "Transformer's branches weighted by their κ)",
+    )
     p.set_defaults(func=cmd_translate)
 
 

@@ -22,9 +22,11 @@ import torch
 from wtnmt.config import RunConfig
 from wtnmt.config.sections import MAX_BEAM
 from wtnmt.data.vocab import Vocabularies
+from wtnmt.decode.alignment import AlignmentSource, align
 from wtnmt.decode.attention import LayerAttention, cross_attention
 from wtnmt.decode.batches import length_batches, padded, prefix_tensor
 from wtnmt.decode.sampling import Sampling
+from wtnmt.decode.scoring import log_probabilities
 from wtnmt.decode.search import search_batch
 from wtnmt.decode.workers import ENGINES as WORKER_ENGINES
 from wtnmt.decode.workers import SearchWorkers
@@ -36,7 +38,6 @@ from wtnmt.model import (
 )
 from wtnmt.model.packed import int8_kernels, int8_narrow_weights
 from wtnmt.rundir import load_run
-from wtnmt.special import PAD
 
 ENGINES = ("auto", "pytorch", "native", "onnxruntime")  # what runs the search (Translator.load)
 
@@ -379,18 +380,23 @@ class Translator:
         found = self.translate_nbest(sentences, beam=beam, prefixes=prefixes, sampling=sampling)
         return [n[0].text for n in found]
 
-    @torch.no_grad()
+    def alignments(
+        self,
+        sentences: Sequence[str],
+        translations: Sequence[Translation],
+        how: AlignmentSource | None = None,
+    ) -> list[list[tuple[int, int]]]:
+        """For each sentence and its translation (``translate_nbest``'s), the (source, output)
+        position pairs that align, by word unless ``how`` says pieces, read from the
+        cross-attention (decode/alignment.py: the penultimate decoder layer, every head,
+        branches weighted by κ, unless ``how`` names others)."""
+        sources = [s[: self.max_source] for s in self.vocab.source.encode(sentences)]
+        outputs = [list(t.ids) for t in translations]
+        chosen = how or AlignmentSource()
+        return align(self.model, self.vocab, sources, outputs, chosen, device=self.device)
+
     def score(self, src: Sequence[str], hyp: Sequence[str]) -> list[float]:
         """log P(hyp | src) of each pair under the model (EOS included)."""
         if len(src) != len(hyp):
             raise ValueError(f"score: {len(src)} sources but {len(hyp)} hypotheses")
-        src_ids, hyp_ids = self.encode(src), self.encode(hyp)
-        scores: list[float] = []
-        for start in range(0, len(src), 64):
-            s = padded(src_ids[start : start + 64], self.device)
-            tgt_in = padded(hyp_ids[start : start + 64], self.device, bos=True)
-            tgt_out = padded(hyp_ids[start : start + 64], self.device)
-            lprobs = torch.log_softmax(self.model(s, tgt_in).logits.float(), dim=-1)
-            picked = lprobs.gather(-1, tgt_out[..., None])[..., 0]
-            scores += picked.masked_fill(tgt_out.eq(PAD), 0.0).sum(-1).tolist()
-        return scores
+        return log_probabilities(self.model, self.encode(src), self.encode(hyp), self.device)

@@ -106,11 +106,16 @@ async def translate(body: TranslateRequest, request: Request) -> TranslateRespon
     ids = state.translator.encode(sentences, warnings.append, first_line=0, label="text[{}]")
     if body.attention:
         check_attention_size(ids, state.translator.config, state.settings)
-    payload: RequestPayload | PerSentence = RequestPayload(search=search, attention=body.attention)
+    payload: RequestPayload | PerSentence = RequestPayload(
+        search=search, attention=body.attention, alignment=body.alignment
+    )
     if body.prefix is not None:
         forced = forced_prefixes(body.prefix, sentences, state, warnings)
         payload = PerSentence(
-            RequestPayload(search=search, attention=body.attention, prefix=tuple(p)) for p in forced
+            RequestPayload(
+                search=search, attention=body.attention, prefix=tuple(p), alignment=body.alignment
+            )
+            for p in forced
         )
     try:
         ticket = state.batcher.submit(ids, key=search, payload=payload)
@@ -130,6 +135,8 @@ async def translate(body: TranslateRequest, request: Request) -> TranslateRespon
         fields["nbest"] = [candidates(r, search.nbest) for r in results]
     if body.attention:
         fields["attention"] = [r.attention for r in results]
+    if body.alignment is not None:
+        fields["alignments"] = [r.alignment or [] for r in results]
     if warnings:
         fields["warnings"] = warnings
     return TranslateResponse(**fields)  # only what was asked for is sent (exclude_unset)

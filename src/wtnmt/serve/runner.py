@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from wtnmt.decode.alignment import AlignmentSource, align
 from wtnmt.decode.sampling import Sampling
 from wtnmt.decode.translator import Translation, Translator
 from wtnmt.model import branch_weights_overridden
@@ -36,12 +37,14 @@ class RequestPayload:
     search: Search
     attention: bool
     prefix: tuple[int, ...] = ()  # the sentence's forced target prefix (piece ids)
+    alignment: str | None = None  # "words" or "pieces": the best translation's alignment
 
 
 @dataclass(frozen=True)
 class SentenceResult:
     options: list[Translation]  # n-best, best first
     attention: dict[str, Any] | None  # JSON-ready maps, when the request asked for them
+    alignment: list[list[int]] | None = None  # [source, output] pairs, when asked for
 
 
 class ModelRunner:
@@ -72,13 +75,34 @@ class ModelRunner:
             maps = t.cross_attention(
                 [ids[i] for i in wanted], [list(outputs[i][0].ids) for i in wanted]
             )
+            links = self._alignments(ids, outputs, payloads)  # under the same κ, α
         attention: dict[int, dict[str, Any]] = {
             i: self._attention_json(ids[i], outputs[i][0].ids, layers)
             for i, layers in zip(wanted, maps, strict=True)
         }
         self.metrics.tokens.labels(side="source").inc(sum(map(len, ids)))
         self.metrics.tokens.labels(side="target").inc(sum(len(o[0].ids) for o in outputs))
-        return [SentenceResult(outputs[i], attention.get(i)) for i in range(len(ids))]
+        return [SentenceResult(outputs[i], attention.get(i), links.get(i)) for i in range(len(ids))]
+
+    def _alignments(self, ids, outputs, payloads) -> dict[int, list[list[int]]]:  # type: ignore[no-untyped-def]
+        """The alignment of each sentence's best translation that its request asked for."""
+        found: dict[int, list[list[int]]] = {}
+        for level in ("words", "pieces"):
+            wanted = [i for i, p in enumerate(payloads) if p.alignment == level]
+            if not wanted:
+                continue
+            t = self.translator
+            links = align(
+                t.model,
+                t.vocab,
+                [ids[i] for i in wanted],
+                [list(outputs[i][0].ids) for i in wanted],
+                AlignmentSource(level=level),
+                device=t.device,
+            )
+            for i, pairs in zip(wanted, links, strict=True):
+                found[i] = [list(p) for p in pairs]
+        return found
 
     def _attention_json(self, src: list[int], out: tuple[int, ...], layers) -> dict[str, Any]:  # type: ignore[no-untyped-def]
         t = self.translator

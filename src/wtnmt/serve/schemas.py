@@ -51,6 +51,12 @@ class TranslateRequest(BaseModel):
         description="a target prefix each translation begins with, the search going on from "
         'there: one a sentence of text ("" for none), or one string for a single sentence',
     )
+    alignment: Literal["words", "pieces"] | None = Field(
+        None,
+        description="also return each best translation's alignment to its source, [source, "
+        "output] position pairs by word or piece, from the cross-attention of the penultimate "
+        "decoder layer (branches weighted by κ)",
+    )
     sampling: SamplingRequest | None = Field(
         None,
         description="draw the translations from the model instead of searching (without beam "
@@ -83,6 +89,7 @@ class TranslateResponse(BaseModel):
     translations: list[str]
     nbest: list[list[Candidate]] | None = None
     attention: list[SentenceAttention | None] | None = None  # None for an empty sentence
+    alignments: list[list[list[int]]] | None = None  # [source, output] pairs a sentence
     warnings: list[str] | None = None  # e.g. a sentence cut to the model's maximum length
 
 
