@@ -142,6 +142,33 @@ def sampling_options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         raise ConfigError(text) from None
 
 
+def ensemble_options(args: argparse.Namespace) -> list[float] | None:
+    """--ensemble-weights as numbers, checked with --ensemble and --engine (which becomes
+    pytorch from auto); a ConfigError naming the option."""
+    if not args.ensemble:
+        if args.ensemble_weights is not None:
+            raise ConfigError("--ensemble-weights weighs an --ensemble's models: add --ensemble")
+        return None
+    if args.engine == "auto":
+        args.engine = "pytorch"
+    elif args.engine != "pytorch":
+        raise ConfigError(f"--ensemble decodes on --engine pytorch, not {args.engine}")
+    if args.workers > 1:
+        raise ConfigError(f"--ensemble decodes in this process, not on --workers {args.workers}")
+    if args.ensemble_weights is None:
+        return None
+    try:
+        weights = [float(w) for w in args.ensemble_weights.split(",")]
+    except ValueError:
+        weights = []
+    if len(weights) != 1 + len(args.ensemble) or not all(0 < w < float("inf") for w in weights):
+        raise ConfigError(
+            f"--ensemble-weights {args.ensemble_weights}: {1 + len(args.ensemble)} numbers "
+            f"above 0, RUN's first"
+        )
+    return weights
+
+
 def alignment_options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """--alignment and its layer and heads (None without --alignment); a ConfigError naming
     the option."""
@@ -235,6 +262,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         args.engine = "pytorch"  # (what decodes on GPUs)
     check_engine(args.engine, args.device)
     check_device(args.device)
+    ensemble_weights = ensemble_options(args)
     if args.workers > 1 and args.engine == "onnxruntime":
         raise ConfigError(
             f"--workers {args.workers} runs the PyTorch or native engine; --engine "
@@ -267,6 +295,11 @@ def cmd_translate(args: argparse.Namespace) -> int:
         weights=args.weights,
     )
     decode_overrides(translator, args)
+    if args.ensemble:
+        try:
+            translator.ensemble(args.ensemble, weights=ensemble_weights, weights_file=args.weights)
+        except ValueError as e:
+            raise ConfigError(f"--ensemble {e}") from None
     beam = args.beam or translator.config.decode.beam
     nbest = args.nbest or translator.config.decode.nbest
     if sampling is not None:

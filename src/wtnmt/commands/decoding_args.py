@@ -63,6 +63,18 @@ def add_translate(commands: argparse._SubParsersAction) -> None:
         "CTranslate2's target_prefix)",
     )
     p.add_argument(
+        "--ensemble",
+        nargs="+",
+        metavar="RUN",
+        help="decode with RUN's model and these runs' together, each step's probabilities "
+        "averaged (fairseq's; the runs share RUN's vocabularies; the PyTorch engine)",
+    )
+    p.add_argument(
+        "--ensemble-weights",
+        metavar="W,W,…",
+        help="the models' weights in that average, RUN's first (default: equal)",
+    )
+    p.add_argument(
         "--alignment",
         nargs="?",
         const="words",

@@ -310,7 +310,10 @@ def _torch_threads_beside(model) -> Iterator[None]:  # type: ignore[no-untyped-d
     search's small operations gain nothing from more, and PyTorch's threads, which spin for
     a while after each parallel operation, took the cores from the engine's (beam 5 on 2
     cores: 1,760 output tokens/s with both pools at 2 threads, 2,050 with this)."""
-    if not hasattr(model, "stepper") or torch.get_num_threads() == 1:
+    if not hasattr(model, "stepper") or getattr(model, "runs_on_torch", False):
+        yield
+        return
+    if torch.get_num_threads() == 1:
         yield
         return
     before = torch.get_num_threads()

@@ -179,6 +179,21 @@ class Translator:
         kernels = self.int8_kernels
         return None if kernels is None else 7 if int8_narrow_weights(kernels) else 8
 
+    def ensemble(
+        self,
+        runs: Sequence[str | Path],
+        *,
+        weights: Sequence[float] | None = None,
+        weights_file: str = "model.safetensors",
+    ) -> None:
+        """Decode with this run's model and those of ``runs`` together, each step's
+        probabilities their ``weights``' mean (equal unless given; decode/ensemble.py): the
+        runs share this one's vocabularies, on the PyTorch engine, in this process."""
+        from wtnmt.decode.ensemble import join_runs
+
+        self.close()
+        self.network = join_runs(self, runs, weights, weights_file)
+
     def set_branch_weights(
         self, how: str, *, seed: int = 0, only: Sequence[str] | None = None
     ) -> None:
@@ -332,6 +347,8 @@ class Translator:
         until ``close``. CPU only."""
         if self.device.type != "cpu":
             raise ValueError(f"decoding workers run on the CPU, not {self.device}")
+        if self.network is not self.model and self.engine == "pytorch":
+            raise ValueError("an ensemble decodes in this process, not on workers")
         if self.engine not in WORKER_ENGINES:
             raise ValueError(
                 f"decoding workers run the PyTorch or native engine, not {self.engine}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""What sampling costs beside greedy search, on the native engine and the PyTorch engine.
+"""What sampling and ensembles cost beside plain search.
 
-    python benchmarks/sampling_cost.py [--limit 320] [--rounds 3] [--engines native,pytorch]
+    python benchmarks/decode_options_cost.py [--limit 320] [--rounds 3] [--engines native,pytorch]
 
 decode_speed.py's protocol: the benchmark's test sentences sorted by length in batches of 32,
 the `small` Weighted Transformer with random seeded weights, every output exactly 24 tokens
@@ -22,9 +22,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import torch
+
 from decode_speed import LENGTH, protocol_arguments, protocol_setup
+from wtnmt.config import load_config
+from wtnmt.decode.ensemble import Ensemble
 from wtnmt.decode.sampling import Sampling
 from wtnmt.decode.search import search_batch
+from wtnmt.model import build_model
 
 WAYS = {
     "greedy": None,
@@ -34,10 +39,12 @@ WAYS = {
 }
 
 
-def run(engine, inputs, sampling: Sampling | None) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+def run(engine, inputs, sampling: Sampling | None, beam: int = 1) -> tuple[float, int]:  # type: ignore[no-untyped-def]
     start, tokens = time.perf_counter(), 0
     for src in inputs:
-        found = search_batch(engine, src, beam=1, min_len=LENGTH, max_len=LENGTH, sampling=sampling)
+        found = search_batch(
+            engine, src, beam=beam, min_len=LENGTH, max_len=LENGTH, sampling=sampling
+        )
         tokens += sum(len(hyps[0].tokens) for hyps in found)
     return time.perf_counter() - start, tokens
 
@@ -77,7 +84,37 @@ def main() -> int:
                 f"time ×{statistics.median(r):.2f} of greedy ({min(r):.2f}–{max(r):.2f})",
                 flush=True,
             )
+    ensembles(model, inputs, args.rounds, args.model)
     return 0
+
+
+def ensembles(model, inputs, rounds: int, preset: str) -> None:  # type: ignore[no-untyped-def]
+    """One model against ensembles of 2 and 4 (the others: the same preset, other seeds)."""
+    others = []
+    for seed in (1, 2, 3):
+        torch.manual_seed(seed)
+        vocab = model.embedding.weight.size(0)
+        others.append(build_model(load_config(preset).model, vocab_size=vocab).eval())
+    ways = {1: model, 2: Ensemble([model, others[0]]), 4: Ensemble([model, *others])}
+    for beam in (1, 5):
+        ratios: dict[int, list[float]] = {n: [] for n in ways}
+        speed: dict[int, list[float]] = {n: [] for n in ways}
+        for _ in range(rounds):
+            this = {}
+            for n, engine in ways.items():
+                took, tokens = run(engine, inputs, None, beam)
+                this[n] = took
+                speed[n].append(tokens / took)
+            for n in ways:
+                ratios[n].append(this[n] / this[1])
+        for n in ways:
+            r = ratios[n]
+            print(
+                f"pytorch  beam {beam} {n} model{'s' if n > 1 else ' '} "
+                f"{statistics.median(speed[n]):8.0f} out tok/s  time ×{statistics.median(r):.2f} "
+                f"of one model ({min(r):.2f}–{max(r):.2f})",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,162 @@
+"""Ensembles (`translate --ensemble`, ``Translator.ensemble``): a Weighted Transformer and a
+Transformer decoding together, each step's distribution the weighted mean of theirs — greedy
+search against a reference that averages the models' step distributions by hand, beam search's
+scores against the same mean by teacher forcing; runs of other vocabularies refused in one
+line."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from helpers import one_line, tiny_run_config
+from wtnmt import Translator
+from wtnmt.cli import main as cli
+from wtnmt.config import load_config
+from wtnmt.decode.ensemble import Ensemble
+from wtnmt.decode.search import _Stepper, search_batch
+from wtnmt.model import build_model
+from wtnmt.special import BOS, EOS, PAD
+from wtnmt.train import Trainer
+
+VOCAB = 50
+
+
+def _models() -> list[torch.nn.Module]:
+    """A Weighted Transformer and a Transformer, random weights, sharp distributions."""
+    out = []
+    for seed, preset in ((1, "weighted-tiny"), (2, "transformer-tiny")):
+        torch.manual_seed(seed)
+        config = load_config(preset, ["model.d_model=32", "model.d_ff=64", "model.heads=4"])
+        model = build_model(config.model, vocab_size=VOCAB).eval()
+        with torch.no_grad():
+            model.embedding.weight.mul_(3.0)
+        out.append(model)
+    return out
+
+
+def _source() -> torch.Tensor:
+    src = torch.tensor([[5, 9, 11, 7, 20, EOS], [8, 30, EOS, PAD, PAD, PAD]])
+    return src
+
+
+def _mean_lprobs(models, weights, src_row, prefix: list[int]) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """log Σ w P_m(next | prefix), each model's distribution computed without a cache."""
+    src = src_row[src_row.ne(PAD)][None]
+    probs = torch.zeros(VOCAB, dtype=torch.float64)
+    with torch.no_grad():
+        for model, w in zip(models, weights, strict=True):
+            step = _Stepper(model, src, use_cache=False, steps=1, group=1)
+            probs += w * step(torch.tensor([[BOS, *prefix]]))[0].double().exp()
+    return probs.log()
+
+
+@pytest.mark.parametrize("weights", [None, [0.8, 0.2]])
+def test_greedy_search_of_an_ensemble_follows_the_mean_distribution(weights):
+    models, src = _models(), _source()
+    w = [0.5, 0.5] if weights is None else weights
+    found = search_batch(Ensemble(models, weights), src, beam=1, max_len=8)
+    for row, (hyp,) in enumerate(found):
+        out, total = [], 0.0
+        while True:
+            lprobs = _mean_lprobs(models, w, src[row], out)
+            lprobs[PAD] = lprobs[BOS] = -math.inf
+            if len(out) == 8:
+                break
+            token = int(lprobs.argmax())
+            total += float(lprobs[token])
+            if token == EOS:
+                break
+            out.append(token)
+        assert hyp.tokens == out
+        assert abs(hyp.log_prob - total) < 1e-4
+    # not what either model finds alone
+    alone = [search_batch(m, src, beam=1, max_len=8) for m in models]
+    assert any([h.tokens for (h,) in a] != [h.tokens for (h,) in found] for a in alone)
+
+
+def test_beam_search_of_an_ensemble_scores_by_the_mean_distribution():
+    models, src = _models(), _source()
+    found = search_batch(Ensemble(models, [0.3, 0.7]), src, beam=4, nbest=3, max_len=8)
+    for row, hyps in enumerate(found):
+        assert len(hyps) == 3
+        for h in hyps:
+            total = 0.0
+            for t, token in enumerate([*h.tokens, EOS]):
+                if t == 8:  # EOS forced at the limit counts 0
+                    break
+                total += float(_mean_lprobs(models, [0.3, 0.7], src[row], h.tokens[:t])[token])
+            assert abs(h.log_prob - total) < 1e-4
+
+
+def test_an_ensemble_of_a_model_with_itself_is_the_model():
+    model, src = _models()[0], _source()
+    want = search_batch(model, src, beam=3, nbest=2)
+    got = search_batch(Ensemble([model, model]), src, beam=3, nbest=2)
+    assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in want]
+
+
+def test_bad_ensembles_are_refused():
+    models = _models()
+    with pytest.raises(ValueError, match="at least 2 models"):
+        Ensemble(models[:1])
+    with pytest.raises(ValueError, match="each must be above 0"):
+        Ensemble(models, [1.0, 0.0])
+    torch.manual_seed(0)
+    other = build_model(load_config("transformer-tiny").model, vocab_size=VOCAB + 1).eval()
+    with pytest.raises(ValueError, match="target vocabularies of"):
+        Ensemble([models[0], other])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """A Weighted Transformer and a Transformer trained on the same prepared data."""
+    tmp = tmp_path_factory.mktemp("ensemble")
+    out = []
+    for name, attention in (("weighted", "branched"), ("transformer", "multihead")):
+        config = tiny_run_config(
+            tmp, model={"attention": attention}, train={"max_steps": 8, "valid_every": 8}
+        )
+        Trainer(config, tmp / name, log_to_stderr=False).run()
+        out.append(tmp / name)
+    return out
+
+
+def test_translate_with_an_ensemble_of_runs(runs, tmp_path, capsys):
+    text = tmp_path / "in.txt"
+    text.write_text("alpha beta\n\ngamma delta epsilon\n")
+    out = tmp_path / "out.txt"
+    args = ["translate", str(runs[0]), "-i", str(text), "-o", str(out), "--beam", "3"]
+    assert cli([*args, "--ensemble", str(runs[1]), "--ensemble-weights", "0.6,0.4"]) == 0
+    t = Translator.load(runs[0])
+    t.ensemble([runs[1]], weights=[0.6, 0.4])
+    want = t.translate(["alpha beta", "", "gamma delta epsilon"], beam=3)
+    assert out.read_text().splitlines() == want
+    # by hand: the two models' mean, searched
+    a, b = Translator.load(runs[0]), Translator.load(runs[1])
+    ids = a.encode(["gamma delta epsilon"])
+    src = torch.tensor([[*ids[0], EOS]])
+    by_hand = search_batch(Ensemble([a.model, b.model], [0.6, 0.4]), src, beam=3)[0][0]
+    assert a.vocab.target.decode(by_hand.tokens) == want[2]
+
+
+def test_ensemble_mistakes_are_one_line(runs, tmp_path, capsys):
+    text = tmp_path / "in.txt"
+    text.write_text("alpha\n")
+    base = ["translate", str(runs[0]), "-i", str(text)]
+    cases = [
+        (["--ensemble-weights", "1,2"], "--ensemble-weights weighs an --ensemble's models"),
+        (["--ensemble", str(runs[1]), "--ensemble-weights", "1"], "2 numbers above 0"),
+        (["--ensemble", str(runs[1]), "--ensemble-weights", "1,-1"], "2 numbers above 0"),
+        (["--ensemble", str(runs[1]), "--engine", "native"], "--engine pytorch, not native"),
+        (["--ensemble", str(runs[1]), "--workers", "2"], "not on --workers 2"),
+    ]
+    for extra, message in cases:
+        assert cli([*base, *extra]) == 2
+        one_line(capsys, "translate", message)
+    config = tiny_run_config(tmp_path, train={"max_steps": 2}, data={"vocab_size": 50})
+    Trainer(config, tmp_path / "foreign", log_to_stderr=False).run()
+    assert cli([*base, "--ensemble", str(tmp_path / "foreign")]) == 2
+    one_line(capsys, "translate", "its source vocabulary is not the first run's")
