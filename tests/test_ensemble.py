@@ -160,3 +160,24 @@ def test_ensemble_mistakes_are_one_line(runs, tmp_path, capsys):
     Trainer(config, tmp_path / "foreign", log_to_stderr=False).run()
     assert cli([*base, "--ensemble", str(tmp_path / "foreign")]) == 2
     one_line(capsys, "translate", "its source vocabulary is not the first run's")
+
+
+def test_evaluate_an_ensemble_into_files_of_its_own(runs, capsys):
+    import json
+
+    assert cli(["evaluate", str(runs[0]), "--beam", "2"]) == 0
+    assert cli(["evaluate", str(runs[0]), "--beam", "2", "--ensemble", str(runs[1])]) == 0
+    scores = json.loads((runs[0] / "scores.json").read_text())
+    assert scores["ensemble"] == {"runs": [str(runs[1])], "weights": [0.5, 0.5]}
+    names = sorted(p.name for p in (runs[0] / "eval").glob("*.hyp"))
+    assert len(names) == 2 and any(".ensemble-" in n for n in names), names
+    t = Translator.load(runs[0])
+    t.ensemble([runs[1]])
+    hyp = next(p for p in (runs[0] / "eval").glob("*.ensemble-*.hyp"))
+    src = [line for line in (runs[0].parent / "test.src").read_text().splitlines()]
+    assert hyp.read_text().splitlines() == t.translate(src, beam=2)
+    assert cli(["evaluate", str(runs[0]), "--beam", "2"]) == 0  # alone again: no ensemble kept
+    assert "ensemble" not in json.loads((runs[0] / "scores.json").read_text())
+    capsys.readouterr()
+    assert cli(["evaluate", str(runs[0]), "--hyp", str(hyp), "--ensemble", str(runs[1])]) == 2
+    one_line(capsys, "evaluate", "--ensemble decides how to make one")

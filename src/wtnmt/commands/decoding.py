@@ -153,7 +153,7 @@ def ensemble_options(args: argparse.Namespace) -> list[float] | None:
         args.engine = "pytorch"
     elif args.engine != "pytorch":
         raise ConfigError(f"--ensemble decodes on --engine pytorch, not {args.engine}")
-    if args.workers > 1:
+    if getattr(args, "workers", 1) > 1:
         raise ConfigError(f"--ensemble decodes in this process, not on --workers {args.workers}")
     if args.ensemble_weights is None:
         return None

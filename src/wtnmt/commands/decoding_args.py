@@ -62,18 +62,7 @@ def add_translate(commands: argparse._SubParsersAction) -> None:
         "translation begins with it and the search goes on from there (fairseq's --prefix-size, "
         "CTranslate2's target_prefix)",
     )
-    p.add_argument(
-        "--ensemble",
-        nargs="+",
-        metavar="RUN",
-        help="decode with RUN's model and these runs' together, each step's probabilities "
-        "averaged (fairseq's; the runs share RUN's vocabularies; the PyTorch engine)",
-    )
-    p.add_argument(
-        "--ensemble-weights",
-        metavar="W,W,…",
-        help="the models' weights in that average, RUN's first (default: equal)",
-    )
+    add_ensemble(p)
     p.add_argument(
         "--alignment",
         nargs="?",
@@ -96,6 +85,21 @@ def add_translate(commands: argparse._SubParsersAction) -> None:
         "Transformer's branches weighted by their κ)",
     )
     p.set_defaults(func=cmd_translate)
+
+
+def add_ensemble(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--ensemble",
+        nargs="+",
+        metavar="RUN",
+        help="decode with RUN's model and these runs' together, each step's probabilities "
+        "averaged (fairseq's; the runs share RUN's vocabularies; the PyTorch engine)",
+    )
+    p.add_argument(
+        "--ensemble-weights",
+        metavar="W,W,…",
+        help="the models' weights in that average, RUN's first (default: equal)",
+    )
 
 
 def add_sampling(p: argparse.ArgumentParser) -> None:
@@ -196,4 +200,5 @@ def add_evaluate(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, …")
     add_quantize(p)
     add_engine(p)
+    add_ensemble(p)
     p.set_defaults(func=cmd_evaluate)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -15,6 +17,7 @@ from wtnmt.commands.decoding import (
     check_float32_kernels,
     check_weights_name,
     decode_overrides,
+    ensemble_options,
     read_input,
     sublayers_tag,
 )
@@ -29,7 +32,7 @@ def _analyzed_split(translator, args, src, refs, lenpen: bool) -> str | None:  #
     from wtnmt.data import DataError
     from wtnmt.safe_files import is_same_file
 
-    if args.engine != "pytorch" or args.quantize != "none" or lenpen:
+    if args.engine != "pytorch" or args.quantize != "none" or lenpen or args.ensemble:
         return None
     data = translator.config.data
     if args.corpus:
@@ -90,6 +93,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         )
     if args.branch_weights_in:  # a sublayer named twice is the same choice (and file names)
         args.branch_weights_in = list(dict.fromkeys(args.branch_weights_in))
+    ensemble_weights = ensemble_options(args)
     tune_cpu_allocator()
     check_weights_name(args.weights)
     check_float32_kernels(args.device)
@@ -101,6 +105,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         weights=args.weights,
     )
     args.engine = translator.engine  # (what --engine auto chose: in file names and scores)
+    ensemble = None
+    if args.ensemble:
+        try:
+            translator.ensemble(args.ensemble, weights=ensemble_weights, weights_file=args.weights)
+        except ValueError as e:
+            raise ConfigError(f"--ensemble {e}") from None
+        ensemble = {"runs": [str(r) for r in args.ensemble], "weights": translator.network.weights}
     if args.corpus:
         from wtnmt.data.prepare import raw_split
 
@@ -147,6 +158,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         if args.branch_weights_in:  # each choice of sublayers its own files
             room = NAME_MAX - SUFFIX_ROOM - len(name.encode()) - len("-in-")
             name += "-in-" + sublayers_tag(args.branch_weights_in, room)
+    if ensemble is not None:  # each ensemble its own files
+        tag = json.dumps([str(Path(r).resolve()) for r in args.ensemble] + ensemble["weights"])
+        name += ".ensemble-" + hashlib.sha256(tag.encode()).hexdigest()[:8]
     if args.quantize != "none":  # its own files: never the float32 evaluation's
         name += f".{args.quantize}"
     if translator.int8_kernels == "onednn":  # and never the FBGEMM one's
@@ -182,6 +196,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     d = translator.config.decode
     scores["length_penalty"] = {"alpha": d.length_penalty, "form": d.length_penalty_form}
     scores["max_len"] = {"a": d.max_len_a, "b": d.max_len_b}  # at most a·|x| + b tokens
+    if ensemble is not None:
+        scores["ensemble"] = ensemble
     out = Path(args.run_dir) / "eval"
     out.mkdir(exist_ok=True)
     replaced = write_hypotheses(out, name, hyps)  # an earlier, other decoding kept, not lost
@@ -235,7 +251,8 @@ def scores_text(scores: dict) -> str:  # type: ignore[type-arg]
 _DECODING = {
     "beam": "--beam", "lenpen": "--lenpen", "lenpen_form": "--lenpen-form",
     "max_len_a": "--max-len-a", "max_len_b": "--max-len-b", "compare": "--compare",
-    "branch_weights_in": "--branch-weights-in", "src": "--src",
+    "branch_weights_in": "--branch-weights-in", "src": "--src", "ensemble": "--ensemble",
+    "ensemble_weights": "--ensemble-weights",
 }  # fmt: skip
 
 

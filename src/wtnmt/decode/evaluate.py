@@ -202,7 +202,7 @@ def record_scores(eval_dir: Path, name: str, scores: dict) -> None:
 def update_scores(path: Path, scores: dict) -> None:
     """The latest evaluation's keys into the run's scores.json, keeping the keys of others
     (`wtnmt experiment` keeps its test scores there under "test"); what an earlier
-    evaluation wrote and this one does not (a "compare" block) goes with it."""
+    evaluation wrote and this one does not (a "compare" or "ensemble" block) goes with it."""
     kept = {}
     if path.is_file():
         try:
@@ -210,7 +210,7 @@ def update_scores(path: Path, scores: dict) -> None:
         except ValueError:
             kept = {}
     kept = kept if isinstance(kept, dict) else {}
-    for key in ("compare",):
+    for key in ("compare", "ensemble"):
         if key not in scores:
             kept.pop(key, None)
     merged = {**kept, **scores}
