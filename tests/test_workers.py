@@ -132,10 +132,11 @@ def test_a_killed_worker_ends_the_translation_in_one_line_and_writes_nothing(
         translator.close()
     search = SearchWorkers.search
 
-    def dying(self, sources, **options):  # type: ignore[no-untyped-def]
-        list(search(self, sources[:1], **options))  # the workers are up: kill them
+    def dying(self, sources, per_batch=None, **options):  # type: ignore[no-untyped-def]
+        first = None if per_batch is None else per_batch[:1]
+        list(search(self, sources[:1], first, **options))  # the workers are up: kill them
         _kill_workers(self)
-        yield from search(self, sources, **options)
+        yield from search(self, sources, per_batch, **options)
 
     monkeypatch.setattr(SearchWorkers, "search", dying)
     source, out = tmp_path / "src.txt", tmp_path / "out.txt"
