@@ -181,3 +181,19 @@ def test_evaluate_an_ensemble_into_files_of_its_own(runs, capsys):
     capsys.readouterr()
     assert cli(["evaluate", str(runs[0]), "--hyp", str(hyp), "--ensemble", str(runs[1])]) == 2
     one_line(capsys, "evaluate", "--ensemble decides how to make one")
+
+
+def test_a_server_of_an_ensemble_answers_as_the_translator(runs):
+    from fastapi.testclient import TestClient
+
+    from wtnmt.serve.app import create_app
+    from wtnmt.serve.settings import ServeSettings
+
+    served = Translator.load(runs[0])
+    served.ensemble([runs[1]], weights=[0.7, 0.3])
+    t = Translator.load(runs[0])
+    t.ensemble([runs[1]], weights=[0.7, 0.3])
+    lines = ["alpha beta", "gamma delta epsilon"]
+    with TestClient(create_app(served, ServeSettings())) as client:
+        got = client.post("/v1/translate", json={"text": lines, "beam": 3}).json()
+    assert got["translations"] == t.translate(lines, beam=3)

@@ -53,6 +53,9 @@ def run_dir(tmp_path_factory) -> Path:
             "--quantize int8 decodes on the CPU only, not --device cuda",
         ),
         (["--api-key", " "], "the API key (--api-key or $WTNMT_API_KEY) is empty"),
+        (["--ensemble-weights", "1,2"], "--ensemble-weights weighs an --ensemble's models"),
+        (["--ensemble", "x", "--engine", "native"], "--engine pytorch, not native"),
+        (["--ensemble", "x", "--ensemble-weights", "1"], "2 numbers above 0, RUN's first"),
     ],
 )
 def test_serve_refuses_bad_options_in_one_line(run_dir, capsys, args, message):

@@ -88,3 +88,18 @@ def size(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0")
     return value
+
+
+def add_ensemble(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--ensemble",
+        nargs="+",
+        metavar="RUN",
+        help="decode with RUN's model and these runs' together, each step's probabilities "
+        "averaged (fairseq's; the runs share RUN's vocabularies; the PyTorch engine)",
+    )
+    p.add_argument(
+        "--ensemble-weights",
+        metavar="W,W,…",
+        help="the models' weights in that average, RUN's first (default: equal)",
+    )

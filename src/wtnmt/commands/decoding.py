@@ -155,18 +155,12 @@ def ensemble_options(args: argparse.Namespace) -> list[float] | None:
         raise ConfigError(f"--ensemble decodes on --engine pytorch, not {args.engine}")
     if getattr(args, "workers", 1) > 1:
         raise ConfigError(f"--ensemble decodes in this process, not on --workers {args.workers}")
-    if args.ensemble_weights is None:
-        return None
+    from wtnmt.decode.ensemble import parse_weights
+
     try:
-        weights = [float(w) for w in args.ensemble_weights.split(",")]
-    except ValueError:
-        weights = []
-    if len(weights) != 1 + len(args.ensemble) or not all(0 < w < float("inf") for w in weights):
-        raise ConfigError(
-            f"--ensemble-weights {args.ensemble_weights}: {1 + len(args.ensemble)} numbers "
-            f"above 0, RUN's first"
-        )
-    return weights
+        return parse_weights(args.ensemble_weights, 1 + len(args.ensemble))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def alignment_options(args: argparse.Namespace):  # type: ignore[no-untyped-def]

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import argparse
 
-from wtnmt.cli_args import add_engine, add_length_penalty, add_quantize, at_least_one
+from wtnmt.cli_args import (
+    add_engine,
+    add_ensemble,
+    add_length_penalty,
+    add_quantize,
+    at_least_one,
+)
 from wtnmt.commands.decoding import cmd_translate
 from wtnmt.commands.evaluating import cmd_evaluate
 
@@ -85,21 +91,6 @@ def add_translate(commands: argparse._SubParsersAction) -> None:
         "Transformer's branches weighted by their κ)",
     )
     p.set_defaults(func=cmd_translate)
-
-
-def add_ensemble(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--ensemble",
-        nargs="+",
-        metavar="RUN",
-        help="decode with RUN's model and these runs' together, each step's probabilities "
-        "averaged (fairseq's; the runs share RUN's vocabularies; the PyTorch engine)",
-    )
-    p.add_argument(
-        "--ensemble-weights",
-        metavar="W,W,…",
-        help="the models' weights in that average, RUN's first (default: equal)",
-    )
 
 
 def add_sampling(p: argparse.ArgumentParser) -> None:

@@ -54,6 +54,20 @@ class Ensemble:
         return _EnsembleStepper(steppers, self.log_weights.to(src.device))
 
 
+def parse_weights(text: str | None, models: int) -> list[float] | None:
+    """``--ensemble-weights W,W,…`` for ``models`` models (None: equal); a ValueError naming
+    what is allowed."""
+    if text is None:
+        return None
+    try:
+        weights = [float(w) for w in text.split(",")]
+    except ValueError:
+        weights = []
+    if len(weights) != models or not all(0 < w < math.inf for w in weights):
+        raise ValueError(f"--ensemble-weights {text}: {models} numbers above 0, RUN's first")
+    return weights
+
+
 def join_runs(  # type: ignore[no-untyped-def]
     translator,
     runs: Sequence[str | Path],
@@ -101,4 +115,4 @@ class _EnsembleStepper:
         return torch.logsumexp(each + self.log_weights[:, None, None], dim=0)
 
 
-__all__ = ["Ensemble", "join_runs"]
+__all__ = ["Ensemble", "join_runs", "parse_weights"]

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 from wtnmt import interrupt
+from wtnmt.cli_args import add_ensemble
 from wtnmt.config import ConfigError
 from wtnmt.runtime import check_device, check_engine, check_quantize
 from wtnmt.serve.settings import API_KEY_ENV, ServeSettings
@@ -55,6 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     for option, kind, text in _LIMITS:
         name = option[2:].replace("-", "_")
         p.add_argument(option, type=kind, help=f"{text} (default {getattr(defaults, name)})")
+    add_ensemble(p)
     p.add_argument("--no-batching", action="store_true", help="translate one sentence at a time")
     p.add_argument(
         "--log-level",
@@ -150,6 +152,20 @@ def main_serve(args: argparse.Namespace) -> int:
     with interrupt.held():  # torch's import can lose a Ctrl-C (wtnmt.cli._IMPORT_TORCH)
         import torch
     check_quantize(args.quantize, args.device)  # (true whatever devices there are)
+    if args.ensemble and args.engine == "auto":
+        args.engine = "pytorch"
+    elif args.ensemble and args.engine != "pytorch":
+        raise ConfigError(f"--ensemble decodes on --engine pytorch, not {args.engine}")
+    elif args.ensemble_weights is not None and not args.ensemble:
+        raise ConfigError("--ensemble-weights weighs an --ensemble's models: add --ensemble")
+    weights = None
+    if args.ensemble:
+        from wtnmt.decode.ensemble import parse_weights
+
+        try:
+            weights = parse_weights(args.ensemble_weights, 1 + len(args.ensemble))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     check_engine(args.engine, args.device)
     check_device(args.device)
     if args.threads is not None and args.threads < 1:
@@ -176,6 +192,11 @@ def main_serve(args: argparse.Namespace) -> int:
         run, device=args.device, quantize=args.quantize, engine=args.engine
     )
     args.engine = translator.engine  # (what --engine auto chose)
+    if args.ensemble:
+        try:
+            translator.ensemble(args.ensemble, weights=weights)
+        except ValueError as e:
+            raise ConfigError(f"--ensemble {e}") from None
     app = create_app(translator, settings, name=run.resolve().name, worker_thread=False)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
@@ -190,7 +211,8 @@ def main_serve(args: argparse.Namespace) -> int:
         f"{'batching on' if settings.max_batch_sentences > 1 else 'no batching'}"
         f"{'; int8 decoding' if args.quantize == 'int8' else ''}"
         f"{'; ONNX Runtime' if args.engine == 'onnxruntime' else ''}"
-        f"{'; native engine' if args.engine == 'native' else ''}; Ctrl-C stops)",
+        f"{'; native engine' if args.engine == 'native' else ''}"
+        f"{f'; an ensemble of {1 + len(args.ensemble)}' if args.ensemble else ''}; Ctrl-C stops)",
         file=sys.stderr,
         flush=True,
     )
