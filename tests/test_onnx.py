@@ -126,6 +126,23 @@ def test_both_engines_translate_alike(exported, beam):
         assert max(abs(h.score - w.score) for h, w in zip(have, want, strict=True)) < 1e-4
 
 
+def test_onnx_runtime_samples_and_forces_prefixes_as_the_pytorch_engine(learned):
+    """Sampling and forced prefixes run in the search's Python loop over ONNX Runtime's step:
+    the PyTorch engine's samples under the same seed, its translations after a prefix."""
+    from wtnmt.decode.sampling import Sampling
+
+    translator, onnx = Translator.load(learned), Translator.load(learned, engine="onnxruntime")
+    drawn = Sampling(samples=3, seed=2, top_k=20, temperature=1.2)
+    want = translator.translate_nbest(SOURCES[:4], sampling=drawn)
+    got = onnx.translate_nbest(SOURCES[:4], sampling=drawn)
+    assert [[t.ids for t in s] for s in got] == [[t.ids for t in s] for s in want]
+    prefixes = [translator.translate([s], beam=1)[0].split(" ")[0] for s in SOURCES[:4]]
+    prefixes[1] = ""
+    for beam in (1, 3):
+        want = translator.translate(SOURCES[:4], beam=beam, prefixes=prefixes)
+        assert onnx.translate(SOURCES[:4], beam=beam, prefixes=prefixes) == want
+
+
 def test_int8_products_compute_the_quantisation_they_claim(learned, tmp_path):
     """Every product of ONNX Runtime's int8 graphs, through a beam search's reorders
     (stepping.walk), against the float64 simulation of the same dynamic quantisation of its
