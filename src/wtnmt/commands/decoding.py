@@ -143,24 +143,17 @@ def sampling_options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def ensemble_options(args: argparse.Namespace) -> list[float] | None:
-    """--ensemble-weights as numbers, checked with --ensemble and --engine (which becomes
-    pytorch from auto); a ConfigError naming the option."""
-    if not args.ensemble:
-        if args.ensemble_weights is not None:
-            raise ConfigError("--ensemble-weights weighs an --ensemble's models: add --ensemble")
-        return None
-    if args.engine == "auto":
-        args.engine = "pytorch"
-    elif args.engine != "pytorch":
-        raise ConfigError(f"--ensemble decodes on --engine pytorch, not {args.engine}")
-    if getattr(args, "workers", 1) > 1:
-        raise ConfigError(f"--ensemble decodes in this process, not on --workers {args.workers}")
-    from wtnmt.decode.ensemble import parse_weights
+    """--ensemble-weights as numbers, checked with --ensemble, --engine (which becomes
+    pytorch from auto) and --workers; a ConfigError naming the option."""
+    from wtnmt.decode.ensemble import ensemble_arguments
 
     try:
-        return parse_weights(args.ensemble_weights, 1 + len(args.ensemble))
+        args.engine, weights = ensemble_arguments(args.ensemble, args.ensemble_weights, args.engine)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if args.ensemble and getattr(args, "workers", 1) > 1:
+        raise ConfigError(f"--ensemble decodes in this process, not on --workers {args.workers}")
+    return weights
 
 
 def alignment_options(args: argparse.Namespace):  # type: ignore[no-untyped-def]

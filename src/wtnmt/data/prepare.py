@@ -46,7 +46,7 @@ from wtnmt.data.spool import spooled
 from wtnmt.data.stream import PairList, ParallelFiles, TsvFile
 from wtnmt.data.summary import describe_filters, filters_applied, split_stats
 from wtnmt.data.train_split import Selection, encode, kept_pairs, select, train_vocabularies
-from wtnmt.data.vocab import Vocabularies, given_vocabularies, vocabularies_sha256
+from wtnmt.data.vocab import given_vocabularies, vocabularies_from, vocabularies_sha256
 
 FORMAT_VERSION = 2  # 2: dev/test ids cut to max_tokens_per_side
 Pair = tuple[str, str]
@@ -259,15 +259,12 @@ def _build(
             f"({_reasons(dropped['train'], corpus_level)}); check the training files"
         )
     if c.vocab_from is None:
-        vocab = train_vocabularies(train, selection, out, c, threads=workers, log=log)
-        made = "trained"
+        vocab, made = train_vocabularies(train, selection, out, c, threads=workers, log=log), ""
     else:
-        for path in given_vocabularies(c.vocab_from, c.joint_vocab):
-            shutil.copyfile(path, out / path.name)
-        vocab = Vocabularies.load(out, c.joint_vocab)
-        made = f"from {c.vocab_from} (data.vocab_from)"
+        vocab, made = vocabularies_from(c.vocab_from, out, c.joint_vocab), f" {c.vocab_from}"
     log(
-        f"vocabulary {made} ({clock.lap('vocabulary')} s); encoding {selection.kept:,} "
+        f"vocabulary {'from' + made + ' (data.vocab_from)' if made else 'trained'} "
+        f"({clock.lap('vocabulary')} s); encoding {selection.kept:,} "
         f"training pairs on {workers} worker{'s' if workers > 1 else ''}"
     )
     encoded = encode(

@@ -196,6 +196,15 @@ def given_vocabularies(directory: str | Path, joint: bool) -> list[Path]:
     )
 
 
+def vocabularies_from(directory: str | Path, out: Path, joint: bool) -> Vocabularies:
+    """``given_vocabularies`` of ``directory`` copied into ``out``, loaded."""
+    import shutil
+
+    for path in given_vocabularies(directory, joint):
+        shutil.copyfile(path, out / path.name)
+    return Vocabularies.load(out, joint)
+
+
 class Vocabularies:
     """The source's and the target's vocabulary: the same object where they are shared."""
 

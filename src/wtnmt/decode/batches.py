@@ -3,9 +3,24 @@ padded into the tensors the search reads (decode/translator.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from wtnmt.special import BOS, EOS, PAD
+
+
+def cut_to(
+    ids: list[list[int]], longest: int, warn: Callable[[str], None], first: int, label: str
+) -> list[list[int]]:
+    """Each sequence cut to ``longest`` pieces, in place, with a warning naming it by
+    ``label`` (numbered from ``first``)."""
+    for i, seq in enumerate(ids):
+        if len(seq) > longest:
+            where = label.format(first + i)
+            warn(f"{where}: {len(seq)} pieces, cut to the model's maximum of {longest}")
+            ids[i] = seq[:longest]
+    return ids
 
 
 def length_batches(ids: list[list[int]], budget: int) -> list[list[int]]:

@@ -68,6 +68,21 @@ def parse_weights(text: str | None, models: int) -> list[float] | None:
     return weights
 
 
+def ensemble_arguments(
+    ensemble: Sequence[str] | None, weights: str | None, engine: str
+) -> tuple[str, list[float] | None]:
+    """--ensemble, --ensemble-weights and --engine of a command, checked together: the
+    engine (``auto`` becomes ``pytorch`` with an ensemble) and the weights; a ValueError
+    naming the option otherwise."""
+    if not ensemble:
+        if weights is not None:
+            raise ValueError("--ensemble-weights weighs an --ensemble's models: add --ensemble")
+        return engine, None
+    if engine not in ("auto", "pytorch"):
+        raise ValueError(f"--ensemble decodes on --engine pytorch, not {engine}")
+    return "pytorch", parse_weights(weights, 1 + len(ensemble))
+
+
 def join_runs(  # type: ignore[no-untyped-def]
     translator,
     runs: Sequence[str | Path],
@@ -115,4 +130,4 @@ class _EnsembleStepper:
         return torch.logsumexp(each + self.log_weights[:, None, None], dim=0)
 
 
-__all__ = ["Ensemble", "join_runs", "parse_weights"]
+__all__ = ["Ensemble", "ensemble_arguments", "join_runs", "parse_weights"]

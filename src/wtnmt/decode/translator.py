@@ -24,7 +24,7 @@ from wtnmt.config.sections import MAX_BEAM
 from wtnmt.data.vocab import Vocabularies
 from wtnmt.decode.alignment import AlignmentSource, align
 from wtnmt.decode.attention import LayerAttention, cross_attention
-from wtnmt.decode.batches import length_batches, padded, prefix_tensor
+from wtnmt.decode.batches import cut_to, length_batches, padded, prefix_tensor
 from wtnmt.decode.sampling import Sampling
 from wtnmt.decode.scoring import log_probabilities
 from wtnmt.decode.search import search_batch
@@ -221,14 +221,7 @@ class Translator:
         """Sentences → piece ids, each cut to the model's maximum source length (with a
         warning naming it by ``label``, numbered from ``first_line``)."""
         ids = self.vocab.source.encode(sentences)
-        for i, seq in enumerate(ids):
-            if len(seq) > self.max_source:
-                warn(
-                    f"{label.format(first_line + i)}: {len(seq)} pieces, cut to the model's "
-                    f"maximum of {self.max_source}"
-                )
-                ids[i] = seq[: self.max_source]
-        return ids
+        return cut_to(ids, self.max_source, warn, first_line, label)
 
     def translate_nbest(
         self,
@@ -279,13 +272,7 @@ class Translator:
         if len(prefixes) != count:
             raise ValueError(f"prefixes: {len(prefixes)} for {count} sentences; give one each")
         ids = self.vocab.target.encode(prefixes)
-        longest = self.model.max_positions - 2
-        for i, seq in enumerate(ids):
-            if len(seq) > longest:
-                where = label.format(first_line + i)
-                warn(f"{where}: {len(seq)} pieces, cut to the model's maximum of {longest}")
-                ids[i] = seq[:longest]
-        return ids
+        return cut_to(ids, self.model.max_positions - 2, warn, first_line, label)
 
     def translate_ids(
         self,

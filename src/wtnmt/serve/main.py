@@ -152,20 +152,12 @@ def main_serve(args: argparse.Namespace) -> int:
     with interrupt.held():  # torch's import can lose a Ctrl-C (wtnmt.cli._IMPORT_TORCH)
         import torch
     check_quantize(args.quantize, args.device)  # (true whatever devices there are)
-    if args.ensemble and args.engine == "auto":
-        args.engine = "pytorch"
-    elif args.ensemble and args.engine != "pytorch":
-        raise ConfigError(f"--ensemble decodes on --engine pytorch, not {args.engine}")
-    elif args.ensemble_weights is not None and not args.ensemble:
-        raise ConfigError("--ensemble-weights weighs an --ensemble's models: add --ensemble")
-    weights = None
-    if args.ensemble:
-        from wtnmt.decode.ensemble import parse_weights
+    from wtnmt.decode.ensemble import ensemble_arguments
 
-        try:
-            weights = parse_weights(args.ensemble_weights, 1 + len(args.ensemble))
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+    try:
+        args.engine, weights = ensemble_arguments(args.ensemble, args.ensemble_weights, args.engine)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     check_engine(args.engine, args.device)
     check_device(args.device)
     if args.threads is not None and args.threads < 1:
