@@ -2,13 +2,15 @@
 """What sampling and ensembles cost beside plain search.
 
     python benchmarks/decode_options_cost.py [--limit 320] [--rounds 3] [--engines native,pytorch]
+        [--ensembles-only]
 
 decode_speed.py's protocol: the benchmark's test sentences sorted by length in batches of 32,
 the `small` Weighted Transformer with random seeded weights, every output exactly 24 tokens
 (min = max = 24) so that each way does the same work, 2 threads. Per engine, greedy search and
 sampling (plain; top-k 10; top-p 0.9; one sample a sentence) take turns over ``--rounds``
 rounds; output tokens/s, medians, and each way's time against greedy's in the same round
-(median, lowest–highest). Sampling draws through ``search_batch`` as `wtnmt translate
+(median, lowest–highest). Then ensembles of 2 and 4 models against one, greedy and beam 5, on
+each engine. Sampling draws through ``search_batch`` as `wtnmt translate
 --sampling` does (the native engine's own loop, or the PyTorch engine's).
 """
 
@@ -54,17 +56,20 @@ def main() -> int:
     protocol_arguments(parser, limit=320)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--engines", default="native,pytorch")
+    parser.add_argument("--ensembles-only", action="store_true", help="ensembles' cost only")
     args = parser.parse_args()
     model, inputs = protocol_setup(args)
     engines = {}
     for name in args.engines.split(","):
+        if name not in ("native", "pytorch"):
+            parser.error(f"--engines {args.engines}: native and/or pytorch")
         if name == "native":
             from wtnmt.decode.native.network import NativeEngine
 
             engines[name] = NativeEngine(model)
         else:
             engines[name] = model
-    for name, engine in engines.items():
+    for name, engine in engines.items() if not args.ensembles_only else ():
         run(engine, inputs[:1], None)  # warm-up
         seconds: dict[str, list[float]] = {way: [] for way in WAYS}
         ratios: dict[str, list[float]] = {way: [] for way in WAYS}
@@ -84,37 +89,44 @@ def main() -> int:
                 f"time ×{statistics.median(r):.2f} of greedy ({min(r):.2f}–{max(r):.2f})",
                 flush=True,
             )
-    ensembles(model, inputs, args.rounds, args.model)
+    ensembles(model, inputs, args.rounds, args.model, list(engines))
     return 0
 
 
-def ensembles(model, inputs, rounds: int, preset: str) -> None:  # type: ignore[no-untyped-def]
-    """One model against ensembles of 2 and 4 (the others: the same preset, other seeds)."""
+def ensembles(model, inputs, rounds: int, preset: str, engine_names: list[str]) -> None:  # type: ignore[no-untyped-def]
+    """One model against ensembles of 2 and 4 (the others: the same preset, other seeds), on
+    each engine (the native engine's C++ search over every model, or PyTorch's steppers)."""
     others = []
     for seed in (1, 2, 3):
         torch.manual_seed(seed)
         vocab = model.embedding.weight.size(0)
         others.append(build_model(load_config(preset).model, vocab_size=vocab).eval())
-    ways = {1: model, 2: Ensemble([model, others[0]]), 4: Ensemble([model, *others])}
-    for beam in (1, 5):
-        ratios: dict[int, list[float]] = {n: [] for n in ways}
-        speed: dict[int, list[float]] = {n: [] for n in ways}
-        for _ in range(rounds):
-            this = {}
-            for n, engine in ways.items():
-                took, tokens = run(engine, inputs, None, beam)
-                this[n] = took
-                speed[n].append(tokens / took)
+    for name in engine_names:
+        ways = {1: model, 2: Ensemble([model, others[0]]), 4: Ensemble([model, *others])}
+        if name == "native":
+            from wtnmt.decode.native.network import NativeEngine
+
+            ways = {n: NativeEngine(m) for n, m in ways.items()}
+        run(ways[2], inputs[:1], None)  # warm-up
+        for beam in (1, 5):
+            ratios: dict[int, list[float]] = {n: [] for n in ways}
+            speed: dict[int, list[float]] = {n: [] for n in ways}
+            for _ in range(rounds):
+                this = {}
+                for n, engine in ways.items():
+                    took, tokens = run(engine, inputs, None, beam)
+                    this[n] = took
+                    speed[n].append(tokens / took)
+                for n in ways:
+                    ratios[n].append(this[n] / this[1])
             for n in ways:
-                ratios[n].append(this[n] / this[1])
-        for n in ways:
-            r = ratios[n]
-            print(
-                f"pytorch  beam {beam} {n} model{'s' if n > 1 else ' '} "
-                f"{statistics.median(speed[n]):8.0f} out tok/s  time ×{statistics.median(r):.2f} "
-                f"of one model ({min(r):.2f}–{max(r):.2f})",
-                flush=True,
-            )
+                r = ratios[n]
+                print(
+                    f"{name:8s} beam {beam} {n} model{'s' if n > 1 else ' '} "
+                    f"{statistics.median(speed[n]):8.0f} out tok/s  time "
+                    f"×{statistics.median(r):.2f} of one model ({min(r):.2f}–{max(r):.2f})",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

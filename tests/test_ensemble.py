@@ -1,8 +1,9 @@
 """Ensembles (`translate --ensemble`, ``Translator.ensemble``): a Weighted Transformer and a
 Transformer decoding together, each step's distribution the weighted mean of theirs — greedy
 search against a reference that averages the models' step distributions by hand, beam search's
-scores against the same mean by teacher forcing; runs of other vocabularies refused in one
-line."""
+scores against the same mean by teacher forcing; the native engine's C++ search of an
+ensemble the PyTorch engine's, bit for bit with its fused kernels off; runs of other
+vocabularies refused in one line."""
 
 from __future__ import annotations
 
@@ -110,6 +111,48 @@ def test_bad_ensembles_are_refused():
         Ensemble([models[0], other])
 
 
+def _native(ensemble: Ensemble, fused: bool):  # type: ignore[no-untyped-def]
+    from wtnmt.decode.native import unavailable_reason
+
+    if unavailable_reason() is not None:  # pragma: no cover - machines without a compiler
+        pytest.skip(f"the native engine cannot be built here: {unavailable_reason()}")
+    from wtnmt.decode.native.network import NativeEngine
+
+    return NativeEngine(ensemble, fused=fused)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["pytorch-operators", "fused"])
+def test_the_native_engine_searches_an_ensemble_as_the_pytorch_engine_does(fused):
+    models, src = _models(), _source()
+    ensemble = Ensemble(models, [0.3, 0.7])
+    native = _native(ensemble, fused)
+    prefix = torch.tensor([[7, 7], [9, PAD]])
+    for beam, nbest, forced in ((1, 1, None), (4, 3, None), (1, 1, prefix), (3, 2, prefix)):
+        want = search_batch(ensemble, src, beam=beam, nbest=nbest, max_len=8, target_prefix=forced)
+        got = search_batch(native, src, beam=beam, nbest=nbest, max_len=8, target_prefix=forced)
+        assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in want]
+        for mine, theirs in zip(want, got, strict=True):
+            for a, b in zip(mine, theirs, strict=True):
+                assert abs(a.score - b.score) < 1e-4
+                assert fused or (a.score, a.log_prob) == (b.score, b.log_prob)
+    # three models, one of them twice: still the mean of their distributions
+    three = Ensemble([*models, models[0]], [1.0, 2.0, 1.0])
+    want = search_batch(three, src, beam=4, nbest=2, max_len=8)
+    got = search_batch(_native(three, fused), src, beam=4, nbest=2, max_len=8)
+    assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in want]
+
+
+def test_the_native_engine_samples_an_ensemble_as_the_pytorch_engine_does():
+    from wtnmt.decode.sampling import Sampling
+
+    models, src = _models(), _source()
+    ensemble = Ensemble(models, [0.6, 0.4])
+    native = _native(ensemble, fused=False)
+    for drawn in (Sampling(samples=3, seed=4), Sampling(samples=2, seed=1, top_k=5, top_p=0.8)):
+        want = search_batch(ensemble, src, beam=1, sampling=drawn, max_len=8)
+        assert search_batch(native, src, beam=1, sampling=drawn, max_len=8) == want
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):  # type: ignore[no-untyped-def]
     """A Weighted Transformer and a Transformer trained on the same prepared data."""
@@ -142,6 +185,24 @@ def test_translate_with_an_ensemble_of_runs(runs, tmp_path, capsys):
     assert a.vocab.target.decode(by_hand.tokens) == want[2]
 
 
+def test_translate_an_ensemble_on_the_native_engine(runs, tmp_path):
+    from wtnmt.decode.native import unavailable_reason
+
+    if unavailable_reason() is not None:  # pragma: no cover - machines without a compiler
+        pytest.skip(f"the native engine cannot be built here: {unavailable_reason()}")
+    text = tmp_path / "in.txt"
+    text.write_text("alpha beta\ngamma delta epsilon\n")
+    out = tmp_path / "out.txt"
+    args = ["translate", str(runs[0]), "-i", str(text), "-o", str(out), "--engine", "native"]
+    assert cli([*args, "--beam", "3", "--ensemble", str(runs[1])]) == 0
+    t = Translator.load(runs[0], engine="native")
+    t.ensemble([runs[1]])
+    assert t.engine == "native" and len(t.network.members) == 2
+    assert out.read_text().splitlines() == t.translate(text.read_text().splitlines(), beam=3)
+    with pytest.raises(ValueError, match="an ensemble decodes in this process"):
+        t.start_workers(2)
+
+
 def test_ensemble_mistakes_are_one_line(runs, tmp_path, capsys):
     text = tmp_path / "in.txt"
     text.write_text("alpha\n")
@@ -150,7 +211,7 @@ def test_ensemble_mistakes_are_one_line(runs, tmp_path, capsys):
         (["--ensemble-weights", "1,2"], "--ensemble-weights weighs an --ensemble's models"),
         (["--ensemble", str(runs[1]), "--ensemble-weights", "1"], "2 numbers above 0"),
         (["--ensemble", str(runs[1]), "--ensemble-weights", "1,-1"], "2 numbers above 0"),
-        (["--ensemble", str(runs[1]), "--engine", "native"], "--engine pytorch, not native"),
+        (["--ensemble", str(runs[1]), "--engine", "onnxruntime"], "native or pytorch, not onnx"),
         (["--ensemble", str(runs[1]), "--workers", "2"], "not on --workers 2"),
     ]
     for extra, message in cases:

@@ -96,7 +96,7 @@ def add_ensemble(p: argparse.ArgumentParser) -> None:
         nargs="+",
         metavar="RUN",
         help="decode with RUN's model and these runs' together, each step's probabilities "
-        "averaged (fairseq's; the runs share RUN's vocabularies; the PyTorch engine)",
+        "averaged (fairseq's; the runs share RUN's vocabularies; the native or PyTorch engine)",
     )
     p.add_argument(
         "--ensemble-weights",

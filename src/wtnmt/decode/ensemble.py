@@ -3,7 +3,8 @@
 probabilities, log P(y_t) = log Σ_m w_m P_m(y_t | y_<t, x) with Σ w_m = 1 (fairseq's
 combination; equal weights unless given). The models share the vocabularies; a Weighted
 Transformer and a Transformer mix freely. Search is decode/search.py's, over the ``stepper``
-an ensemble makes (each model's key/value cache kept and reordered with the hypotheses).
+an ensemble makes (each model's key/value cache kept and reordered with the hypotheses), or
+the native engine's (decode/native/engine.cpp: a decoder a model, the same combination).
 """
 
 from __future__ import annotations
@@ -72,15 +73,15 @@ def ensemble_arguments(
     ensemble: Sequence[str] | None, weights: str | None, engine: str
 ) -> tuple[str, list[float] | None]:
     """--ensemble, --ensemble-weights and --engine of a command, checked together: the
-    engine (``auto`` becomes ``pytorch`` with an ensemble) and the weights; a ValueError
-    naming the option otherwise."""
+    engine (an ensemble decodes on the PyTorch and native engines) and the weights; a
+    ValueError naming the option otherwise."""
     if not ensemble:
         if weights is not None:
             raise ValueError("--ensemble-weights weighs an --ensemble's models: add --ensemble")
         return engine, None
-    if engine not in ("auto", "pytorch"):
-        raise ValueError(f"--ensemble decodes on --engine pytorch, not {engine}")
-    return "pytorch", parse_weights(weights, 1 + len(ensemble))
+    if engine not in ("auto", "pytorch", "native"):
+        raise ValueError(f"--ensemble decodes on --engine native or pytorch, not {engine}")
+    return engine, parse_weights(weights, 1 + len(ensemble))
 
 
 def join_runs(  # type: ignore[no-untyped-def]
@@ -88,17 +89,19 @@ def join_runs(  # type: ignore[no-untyped-def]
     runs: Sequence[str | Path],
     weights: Sequence[float] | None = None,
     weights_file: str = "model.safetensors",
-) -> Ensemble:
-    """``translator``'s model and those of ``runs`` as one ``Ensemble``; a ValueError (one
-    line) where a run's vocabularies are not the translator's, or its engine is not PyTorch."""
+):
+    """``translator``'s model and those of ``runs`` as one ``Ensemble``, searched by the
+    translator's engine (PyTorch, or the native engine's C++ search over them all); a
+    ValueError (one line) where a run's vocabularies are not the translator's, or its engine
+    is ONNX Runtime."""
     from wtnmt.data.vocab import vocabulary_sha256
     from wtnmt.model import quantize_decoding
     from wtnmt.rundir import load_run
 
-    if translator.engine != "pytorch":
+    if translator.engine not in ("pytorch", "native"):
         raise ValueError(
-            f"ensembles decode on the PyTorch engine, not {translator.engine}: load with "
-            f"engine='pytorch' (--engine pytorch)"
+            f"ensembles decode on the PyTorch and native engines, not {translator.engine}: load "
+            f"with engine='native' or 'pytorch' (--engine native, pytorch)"
         )
     ours = [vocabulary_sha256(v.path) for v in (translator.vocab.source, translator.vocab.target)]
     models = [translator.model]
@@ -113,6 +116,10 @@ def join_runs(  # type: ignore[no-untyped-def]
                 )
         quantize_decoding(model, translator.quantize)
         models.append(model.to(translator.device).eval())
+    if translator.engine == "native":
+        from wtnmt.decode.native.network import NativeEngine
+
+        return NativeEngine(Ensemble(models, weights), fused=translator.network.fused)
     return Ensemble(models, weights)
 
 

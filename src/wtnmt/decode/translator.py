@@ -188,7 +188,7 @@ class Translator:
     ) -> None:
         """Decode with this run's model and those of ``runs`` together, each step's
         probabilities their ``weights``' mean (equal unless given; decode/ensemble.py): the
-        runs share this one's vocabularies, on the PyTorch engine, in this process."""
+        runs share this one's vocabularies, on the PyTorch or native engine, in this process."""
         from wtnmt.decode.ensemble import join_runs
 
         self.close()
@@ -334,7 +334,7 @@ class Translator:
         until ``close``. CPU only."""
         if self.device.type != "cpu":
             raise ValueError(f"decoding workers run on the CPU, not {self.device}")
-        if self.network is not self.model and self.engine == "pytorch":
+        if getattr(self.network, "is_ensemble", False) or hasattr(self.network, "models"):
             raise ValueError("an ensemble decodes in this process, not on workers")
         if self.engine not in WORKER_ENGINES:
             raise ValueError(

@@ -9,89 +9,79 @@
 // int8 weights (network.py's own_int8_lanes). The float32 products are oneDNN's or MKL's, as
 // the PyTorch engine's (model/float32_kernels.py).
 //
+// An ensemble's search holds several decoders (decoder.h), each step's distribution
+// decode/ensemble.py's log Σ_m w_m P_m, in the same operators.
+//
 // Built on first use by torch.utils.cpp_extension (decode/native/__init__.py).
 
 #include <torch/extension.h>
 
+#include <memory>
 #include <optional>
 #include <tuple>
 #include <vector>
 
-#include "attention.h"
 #include "beam.h"
-#include "products.h"
+#include "decoder.h"
 #include "search_ops.h"
 
 namespace {
 
 using namespace wtnmt_native;
 
-// One decoder layer's weights and shapes.
-struct Layer {
-  int cross_kind = 0;  // 0 multi-head + FFN, 1 branched (split FFNs), 2 branched (shared FFN)
-  int64_t self_heads = 0, self_dk = 0, cross_heads = 0, cross_dk = 0;  // (cross: branches kept)
-  // self_out: W^O packed, or the weighted self-attention's Σ α_i κ_i W^{O_i} (a matmul);
-  // cross_out: W^O, or the branched sublayer's tail
-  Product qkv, self_out, cross_q, cross_out, fc1, fc2;
-  Tensor norms[6];          // each residual's layer norm: weight, bias (self, cross, FFN)
-  Tensor fused, b1, alpha;  // branched: W_i = κ_i W^{O_i} W1_i, b1, α (shared FFN)
-};
-
-// The source side and the self-attention buffers of one search (model/cache.py's LayerCache).
-struct State {
-  std::vector<Tensor> cross_k, cross_v;           // [H, B, S, Dk], keys ×1/√Dk
-  std::vector<std::optional<Tensor>> cross_bias;  // [H·B, 1, S] or none (no padding)
-  std::vector<Tensor> self_k, self_v;             // [H, B, steps, W, Dk]
-};
+using Tensors = std::vector<Tensor>;
+using Biases = std::vector<std::optional<Tensor>>;
 
 class Engine {
  public:
-  Engine(Tensor embedding, double scale, Tensor positions, int64_t pad, int64_t bos, int64_t eos,
-         bool pre_norm, std::vector<Tensor> final_norm, Product output, std::vector<Layer> layers,
-         bool fused)
-      : embedding_(std::move(embedding)),
-        scale_(scale),
-        positions_(std::move(positions)),
+  // ``models``: one decoder, or an ensemble's; ``log_weights`` [M]: log w_m (Σ w_m = 1;
+  // empty for one model).
+  Engine(std::vector<std::shared_ptr<Decoder>> models, Tensor log_weights, int64_t pad,
+         int64_t bos, int64_t eos, bool fused)
+      : models_(std::move(models)),
+        log_weights_(std::move(log_weights)),
         pad_(pad),
         bos_(bos),
         eos_(eos),
-        pre_norm_(pre_norm),
-        final_norm_(std::move(final_norm)),
-        output_(std::move(output)),
-        layers_(std::move(layers)),
-        fused_(fused) {}
+        fused_(fused) {
+    TORCH_CHECK(!models_.empty(), "an engine searches at least one model");
+    TORCH_CHECK(models_.size() == 1 || log_weights_.numel() == int64_t(models_.size()),
+                "an ensemble takes a log weight a model");
+  }
 
   // Greedy search: the chosen tokens [B, T] (PAD after a sentence's EOS) and each step's
   // log-probability of them [B, T]; decode/search.py's greedy_search makes hypotheses of them.
   // After the forced ``prefix`` [B, P] (PAD-padded; P may be 0); with ``keys`` [B] (not empty),
   // each token drawn as decode/sampling.py draws it instead of the most probable.
-  std::tuple<Tensor, Tensor> greedy(std::vector<Tensor> cross_k, std::vector<Tensor> cross_v,
-                                    std::vector<std::optional<Tensor>> cross_bias, Tensor limit,
+  // (Each of ``cross_k``, ``cross_v``, ``cross_bias``: a model's layers' source side.)
+  std::tuple<Tensor, Tensor> greedy(std::vector<Tensors> cross_k, std::vector<Tensors> cross_v,
+                                    std::vector<Biases> cross_bias, Tensor limit,
                                     int64_t min_len, Tensor prefix, Tensor keys,
                                     double temperature, int64_t top_k, double top_p) {
     at::NoGradGuard no_grad;
     const int64_t b = limit.size(0);
     const int64_t first_forced = limit.min().item<int64_t>();
     const int64_t steps = limit.max().item<int64_t>() + 1;  // step t = limit forces EOS
-    State st = start(std::move(cross_k), std::move(cross_v), std::move(cross_bias), steps, 1);
+    std::vector<State> st = start(cross_k, cross_v, cross_bias, steps, 1);
     Tensor tokens = at::full({b, steps + 1}, pad_, limit.options());
     tokens.select(1, 0).fill_(bos_);
     Tensor done = at::zeros({b}, limit.options().dtype(at::kBool));
-    Tensor best = at::empty({b, steps}, embedding_.options());  // the chosen tokens' lprobs
+    Tensor best = at::empty({b, steps}, limit.options().dtype(at::kFloat));  // chosen lprobs
     limit = limit.contiguous();
     int64_t taken = 0;
     for (int64_t t = 0; t < steps; ++t) {
-      Tensor logits = step(tokens.select(1, t), t, st, std::nullopt, nullptr).to(at::kFloat);
       ++taken;
       const bool forcing = t < prefix.size(1), sampling = keys.numel() > 0;
-      if (fused_ && !forcing && !sampling) {  // the search's own step, the log-softmax in it
+      if (fused_ && !forcing && !sampling && models_.size() == 1) {  // the log-softmax in it
+        Tensor logits =
+            models_[0]->step(tokens.select(1, t), t, st[0], std::nullopt, nullptr).to(at::kFloat);
         logits = logits.contiguous();
         if (greedy_pick(logits, t, min_len, limit, done, tokens.select(1, t + 1), best.select(1, t),
                         pad_, bos_, eos_))
           break;
         continue;
       }
-      Tensor lprobs = at::log_softmax(logits, -1);
+      Tensor lprobs = next(tokens.select(1, t), t, st, std::nullopt, nullptr);
       std::optional<Tensor> forced;
       if (t >= first_forced) forced = limit.le(t);
       constrain(lprobs, t, min_len, forced, pad_, bos_, eos_);
@@ -108,15 +98,15 @@ class Engine {
 
   // Beam search: every sentence's finished hypotheses (at most ``beam``), in the order they
   // finished; decode/search.py's beam_search ranks them and keeps the n best.
-  std::vector<std::vector<Hyp>> beam(std::vector<Tensor> cross_k, std::vector<Tensor> cross_v,
-                                     std::vector<std::optional<Tensor>> cross_bias, Tensor limit,
+  std::vector<std::vector<Hyp>> beam(std::vector<Tensors> cross_k, std::vector<Tensors> cross_v,
+                                     std::vector<Biases> cross_bias, Tensor limit,
                                      int64_t min_len, int64_t beam, double alpha, bool fairseq,
                                      Tensor target_prefix) {
     at::NoGradGuard no_grad;
     const int64_t b = limit.size(0);
     const int64_t first_forced = limit.min().item<int64_t>();
     const int64_t steps = limit.max().item<int64_t>() + 1;
-    State st = start(std::move(cross_k), std::move(cross_v), std::move(cross_bias), steps, beam);
+    std::vector<State> st = start(cross_k, cross_v, cross_bias, steps, beam);
     auto longs = limit.options();
     Tensor prefix = at::full({b, 1}, bos_, longs);
     Tensor scores = at::zeros({b, 1}, longs.dtype(at::kFloat));
@@ -139,8 +129,8 @@ class Engine {
                   .scatter_(1, cols, 0.0)
                   .view({n, group, seen * width});
       }
-      Tensor logits = step(prefix.select(1, prefix.size(1) - 1), t, st, own, &path);
-      Tensor lprobs = at::log_softmax(logits.to(at::kFloat), -1).view({n, group, -1});
+      Tensor lprobs = next(prefix.select(1, prefix.size(1) - 1), t, st, own, &path);
+      lprobs = lprobs.view({n, group, -1});
       constrain(lprobs, t, min_len, forced, pad_, bos_, eos_);
       if (t < target_prefix.size(1))  // the forced prefix of the sentences still searched
         force_tokens(lprobs, target_prefix.index_select(0, active).select(1, t), pad_);
@@ -173,161 +163,41 @@ class Engine {
       prefix = at::cat({prefix.index_select(0, index), token.reshape({-1, 1})}, 1);
       scores = top;
       path = path.index_select(0, index);
-      if (sentences) shrink(st, *sentences);
+      if (sentences)
+        for (State& s : st) Decoder::shrink(s, *sentences);
     }
     return finished;
   }
 
  private:
-  State start(std::vector<Tensor> cross_k, std::vector<Tensor> cross_v,
-              std::vector<std::optional<Tensor>> cross_bias, int64_t steps, int64_t width) const {
-    State st{std::move(cross_k), std::move(cross_v), std::move(cross_bias), {}, {}};
-    for (size_t i = 0; i < layers_.size(); ++i) {
-      st.cross_k[i] = st.cross_k[i].contiguous();  // (the fused attention reads them raw)
-      st.cross_v[i] = st.cross_v[i].contiguous();
-      if (st.cross_bias[i]) st.cross_bias[i] = st.cross_bias[i]->contiguous();
-      const Layer& l = layers_[i];
-      const int64_t b = st.cross_k[i].size(1);
-      auto shape = std::vector<int64_t>{l.self_heads, b, steps, width, l.self_dk};
-      st.self_k.push_back(at::zeros(shape, embedding_.options()));
-      st.self_v.push_back(at::zeros(shape, embedding_.options()));
-    }
+  std::vector<State> start(std::vector<Tensors>& cross_k, std::vector<Tensors>& cross_v,
+                           std::vector<Biases>& cross_bias, int64_t steps, int64_t width) const {
+    TORCH_CHECK(cross_k.size() == models_.size() && cross_v.size() == models_.size() &&
+                    cross_bias.size() == models_.size(),
+                "a source side a model");
+    std::vector<State> st;
+    for (size_t m = 0; m < models_.size(); ++m)
+      st.push_back(models_[m]->start(std::move(cross_k[m]), std::move(cross_v[m]),
+                                     std::move(cross_bias[m]), steps, width));
     return st;
   }
 
-  static void shrink(State& st, const Tensor& sentences) {
-    for (size_t i = 0; i < st.cross_k.size(); ++i) {
-      st.cross_k[i] = st.cross_k[i].index_select(1, sentences);
-      st.cross_v[i] = st.cross_v[i].index_select(1, sentences);
-      st.self_k[i] = st.self_k[i].index_select(1, sentences);
-      st.self_v[i] = st.self_v[i].index_select(1, sentences);
-      if (st.cross_bias[i]) {
-        const Tensor& bias = *st.cross_bias[i];
-        const int64_t h = st.cross_k[i].size(0), s = bias.size(-1);
-        st.cross_bias[i] = bias.view({h, -1, 1, s}).index_select(1, sentences).view({-1, 1, s});
-      }
-    }
+  // The next token's log-probabilities [N, V]: the model's, or the ensemble's
+  // log Σ_m w_m P_m (decode/ensemble.py's _EnsembleStepper, the same operators).
+  Tensor next(const Tensor& tokens, int64_t t, std::vector<State>& st,
+              const std::optional<Tensor>& own, const Tensor* path) {
+    if (models_.size() == 1)
+      return at::log_softmax(models_[0]->step(tokens, t, st[0], own, path).to(at::kFloat), -1);
+    Tensors each;
+    for (size_t m = 0; m < models_.size(); ++m)
+      each.push_back(
+          at::log_softmax(models_[m]->step(tokens, t, st[m], own, path).to(at::kFloat), -1));
+    return at::logsumexp(at::stack(each) + log_weights_.view({-1, 1, 1}), 0);
   }
 
-  Tensor norm(const Tensor& x, const Tensor& w, const Tensor& b) const {
-    return at::layer_norm(x, {x.size(-1)}, w, b);
-  }
-
-  // One step of N = B·G hypotheses, tokens [N] → logits [N, V] (decode_step).
-  Tensor step(const Tensor& tokens, int64_t t, State& st, const std::optional<Tensor>& own,
-              const Tensor* path) {
-    const int64_t n = tokens.size(0), d = embedding_.size(1);
-    Tensor x = at::embedding(embedding_, tokens.unsqueeze(1), pad_) * scale_ +
-               positions_.narrow(0, t, 1);  // [N, 1, D]
-    for (size_t i = 0; i < layers_.size(); ++i) {
-      const Layer& l = layers_[i];
-      const int64_t b = st.cross_k[i].size(1), group = n / b;
-      // self-attention over each hypothesis' own prefix
-      {
-        Tensor h = pre_norm_ ? norm(x, l.norms[0], l.norms[1]) : x;
-        const int64_t heads = l.self_heads, dk = l.self_dk;
-        if (fused_) {
-          Tensor qkv = apply(l.qkv, h.reshape({n, d})).contiguous();
-          Tensor concat = at::empty({n, heads * dk}, qkv.options());
-          const Tensor* slots = st.self_k[i].size(3) > 1 ? path : nullptr;
-          fused_self(qkv, st.self_k[i], st.self_v[i], slots, t, heads, dk, concat);
-          x = residual(x, apply(l.self_out, concat).view({n, 1, -1}), l.norms[0], l.norms[1]);
-        } else {
-          Tensor qkv = apply(l.qkv, h.reshape({n, d}))
-                           .view({n, 1, 3, heads, dk})
-                           .permute({2, 3, 0, 1, 4});  // [3, H, N, 1, Dk]
-          Tensor& keys_buf = st.self_k[i];
-          Tensor& values_buf = st.self_v[i];
-          const int64_t width = keys_buf.size(3);
-          Tensor k_slot = keys_buf.select(2, t).narrow(2, 0, group);
-          at::mul_out(k_slot, qkv[1].view({heads, b, group, dk}), scalar(std::pow(dk, -0.5)));
-          values_buf.select(2, t).narrow(2, 0, group).copy_(qkv[2].view({heads, b, group, dk}));
-          Tensor keys = keys_buf.narrow(2, 0, t + 1).reshape({heads * b, (t + 1) * width, dk});
-          Tensor values = values_buf.narrow(2, 0, t + 1).reshape({heads * b, (t + 1) * width, dk});
-          Tensor scores = at::bmm(qkv[0].reshape({heads * b, group, dk}), keys.transpose(1, 2));
-          if (width > 1) scores.view({heads, b, group, (t + 1) * width}).add_(*own);
-          Tensor heads_out = at::bmm(scores.softmax(-1), values).view({heads, n, 1, dk});
-          Tensor concat = heads_out.permute({1, 2, 0, 3}).reshape({n, heads * dk});
-          Tensor out = apply(l.self_out, concat).view({n, 1, -1});
-          x = residual(x, out, l.norms[0], l.norms[1]);
-        }
-      }
-      // cross-attention (and the FFN, or the branches' FFNs)
-      {
-        Tensor h = pre_norm_ ? norm(x, l.norms[2], l.norms[3]) : x;
-        const int64_t heads = l.cross_heads, dk = l.cross_dk;
-        Tensor heads_out;  // [H, N, 1, Dk] (the fused multi-head path: its concatenation)
-        Tensor out;
-        if (fused_) {
-          Tensor q = apply(l.cross_q, h.reshape({n, d})).contiguous();
-          if (l.cross_kind == 1) {  // with the branches' first FFN products
-            Tensor hid = at::empty({n, heads * l.fused.size(2)}, q.options());
-            fused_cross_branched(q, st.cross_k[i], st.cross_v[i], st.cross_bias[i], heads, dk,
-                                 l.fused, l.b1, hid);
-            out = apply(l.cross_out, hid).view({n, 1, -1});
-          } else {
-            const bool head_major = l.cross_kind != 0;
-            heads_out = head_major ? at::empty({heads, n, 1, dk}, q.options())
-                                   : at::empty({n, heads * dk}, q.options());
-            fused_cross(q, st.cross_k[i], st.cross_v[i], st.cross_bias[i], heads, dk, head_major,
-                        heads_out);
-            if (!head_major) out = apply(l.cross_out, heads_out).view({n, 1, -1});
-          }
-        } else {
-          Tensor q = apply(l.cross_q, h.reshape({n, d}))
-                         .view({n, 1, 1, heads, dk})
-                         .permute({2, 3, 0, 1, 4})[0];  // [H, N, 1, Dk]
-          const Tensor& k = st.cross_k[i];
-          const int64_t s = k.size(2);
-          Tensor q3 = q.reshape({heads * b, group, dk});
-          Tensor k_t = k.view({heads * b, s, dk}).transpose(1, 2);
-          Tensor scores =
-              st.cross_bias[i] ? at::baddbmm(*st.cross_bias[i], q3, k_t) : at::bmm(q3, k_t);
-          heads_out = at::bmm(scores.softmax(-1), st.cross_v[i].view({heads * b, s, dk}))
-                          .view({heads, n, 1, dk});
-          if (l.cross_kind == 0) {
-            Tensor concat = heads_out.permute({1, 2, 0, 3}).reshape({n, heads * dk});
-            out = apply(l.cross_out, concat).view({n, 1, -1});
-          }
-        }
-        if (!out.defined()) {  // the branches' FFNs, where no kernel above has run them
-          Tensor flat = heads_out.reshape({heads, n, dk});
-          if (l.cross_kind == 1) {
-            Tensor hid = at::baddbmm(l.b1.unsqueeze(1), flat, l.fused).relu_();
-            Tensor concat = hid.permute({1, 0, 2}).reshape({n, -1});
-            out = apply(l.cross_out, concat).view({n, 1, -1});
-          } else {
-            Tensor hid = at::baddbmm(l.b1, flat, l.fused).relu_();
-            Tensor weighted = at::einsum("m,mnf->nf", {l.alpha, hid});
-            out = apply(l.cross_out, weighted).view({n, 1, -1});
-          }
-        }
-        x = residual(x, out, l.norms[2], l.norms[3]);
-      }
-      if (l.cross_kind == 0) {  // the Transformer's FFN sublayer
-        Tensor h = pre_norm_ ? norm(x, l.norms[4], l.norms[5]) : x;
-        Tensor hid = apply(l.fc1, h.reshape({n, d})).relu_();
-        Tensor out = apply(l.fc2, hid).view({n, 1, -1});
-        x = residual(x, out, l.norms[4], l.norms[5]);
-      }
-    }
-    if (pre_norm_) x = norm(x, final_norm_[0], final_norm_[1]);
-    return apply(output_, x.select(1, 0));
-  }
-
-  Tensor residual(const Tensor& x, const Tensor& out, const Tensor& w, const Tensor& b) const {
-    Tensor sum = x + out;
-    return pre_norm_ ? sum : norm(sum, w, b);
-  }
-
-  Tensor embedding_;
-  double scale_;
-  Tensor positions_;
+  std::vector<std::shared_ptr<Decoder>> models_;
+  Tensor log_weights_;
   int64_t pad_, bos_, eos_;
-  bool pre_norm_;
-  std::vector<Tensor> final_norm_;
-  Product output_;
-  std::vector<Layer> layers_;
   bool fused_;
 };
 
@@ -401,9 +271,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         l.alpha = branched[2];
         return l;
       }));
+  py::class_<Decoder, std::shared_ptr<Decoder>>(m, "Decoder")
+      .def(py::init<Tensor, double, Tensor, int64_t, bool, std::vector<Tensor>, Product,
+                    std::vector<Layer>, bool>());
   py::class_<Engine>(m, "Engine")
-      .def(py::init<Tensor, double, Tensor, int64_t, int64_t, int64_t, bool, std::vector<Tensor>,
-                    Product, std::vector<Layer>, bool>())
+      .def(py::init<std::vector<std::shared_ptr<Decoder>>, Tensor, int64_t, int64_t, int64_t,
+                    bool>())
       .def("greedy", &Engine::greedy, py::call_guard<py::gil_scoped_release>())
       .def("beam", &Engine::beam, py::call_guard<py::gil_scoped_release>());
 }

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from wtnmt.decode.ensemble import Ensemble
 from wtnmt.decode.hypotheses import PENALTY_FORMS, Hypothesis, greedy_hypotheses
 from wtnmt.decode.native import NativeUnavailable, extension
 from wtnmt.decode.sampling import Sampling
@@ -74,13 +75,14 @@ def int8_product_name(lanes: int | None, kernels: str) -> str:
 
 
 class NativeEngine:
-    """Greedy and beam search of ``model`` (a Seq2Seq on the CPU, in float32) in C++."""
+    """Greedy and beam search of ``model`` (a Seq2Seq on the CPU, in float32, or an
+    ``Ensemble`` of them: decode/ensemble.py) in C++."""
 
     engine = "native"  # (Translator.engine)
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: torch.nn.Module | Ensemble,
         say: Callable[[str], None] | None = None,
         *,
         fused: bool = True,
@@ -90,9 +92,15 @@ class NativeEngine:
         the PyTorch engine's results up to the order of float32 sums; in int8 up to a
         quantisation step where that order puts an activation on a step's other side. Off,
         every operator is the PyTorch engine's and so is every bit."""
-        if next(model.parameters()).device.type != "cpu":
+        self.members: list[torch.nn.Module] = (
+            list(model.models) if isinstance(model, Ensemble) else [model]
+        )
+        if any(next(m.parameters()).device.type != "cpu" for m in self.members):
             raise NativeUnavailable("--engine native decodes on the CPU only")
         self.model = model
+        self.is_ensemble = isinstance(model, Ensemble)
+        # log w_m of an ensemble's models (its own: the PyTorch engine's very numbers)
+        self._log_weights = model.log_weights if isinstance(model, Ensemble) else torch.empty(0)
         self._ext = extension(say)
         self.fused = fused
         self.int8_lanes = own_int8_lanes(self._ext.int8_builds())  # (None: the library's)
@@ -109,8 +117,13 @@ class NativeEngine:
             raise NativeUnavailable("--engine native needs PyTorch's oneDNN or MKL in float32")
 
     @property
+    def weights(self) -> list[float]:
+        """An ensemble's weights w_m (Σ w_m = 1); [1.0] for one model."""
+        return list(self.model.weights) if isinstance(self.model, Ensemble) else [1.0]
+
+    @property
     def quantize(self) -> str:
-        return decoding_mode(self.model)
+        return decoding_mode(self.members[0])  # type: ignore[no-any-return]
 
     def _product(
         self,
@@ -139,19 +152,24 @@ class NativeEngine:
             kept = self._own[linear] = (packed, own)
         return kept[1]
 
-    def _source(self, src: Tensor):  # type: ignore[no-untyped-def]
+    def _source(self, model: torch.nn.Module, src: Tensor):  # type: ignore[no-untyped-def]
         """The encoder's output and the cross-attention's keys and values, through the
-        PyTorch model; its int8 products on int8.h's kernel too where the search's are."""
-        model = self.model
+        PyTorch ``model``; its int8 products on int8.h's kernel too where the search's are."""
         if not (self.fused and self.int8_lanes is not None and self.quantize == "int8"):
             return model.init_cache(model.encode(src))
         with int8_multiplier(lambda linear, x, packed: self._laid_out(linear, packed)(x)):
             return model.init_cache(model.encode(src))
 
     def _engine(self, rows: int):  # type: ignore[no-untyped-def]
-        """The C++ engine over the model's weights as they are now (``rows``: the first
+        """The C++ engine over the models' weights as they are now (``rows``: the first
         step's, the hint oneDNN lays its packed copies out for)."""
-        model, ext = self.model, self._ext
+        decoders = [self._decoder(model, rows) for model in self.members]
+        pad = self.members[0].pad_id
+        return self._ext.Engine(decoders, self._log_weights, pad, BOS, EOS, self.fused)
+
+    def _decoder(self, model: torch.nn.Module, rows: int):  # type: ignore[no-untyped-def]
+        """engine.cpp's Decoder of ``model`` (decoder.h)."""
+        ext = self._ext
         empty = torch.empty(0)
         layers = []
         for layer in model.decoder_layers:
@@ -208,13 +226,11 @@ class NativeEngine:
         final_norm = [] if final is None else [final.weight.detach(), final.bias.detach()]
         embedding = model.embedding
         output = self._product(embedding._output, embedding.weight, None, rows)
-        return ext.Engine(
+        return ext.Decoder(
             embedding.weight.detach(),
             float(embedding.scale),
             model.positions._table().detach(),
             model.pad_id,
-            BOS,
-            EOS,
             final is not None,
             final_norm,
             output,
@@ -287,12 +303,13 @@ class NativeEngine:
         return greedy_hypotheses(tokens, best)
 
     def _source_side(self, src: Tensor) -> tuple[list, list, list]:  # type: ignore[type-arg]
-        """The cross-attention's keys, values and padding bias of each layer, once a batch."""
-        layers = self._source(src).layers
+        """Each model's cross-attention keys, values and padding bias of each layer, once a
+        batch."""
+        each = [self._source(model, src).layers for model in self.members]
         return (
-            [c.cross_k for c in layers],
-            [c.cross_v for c in layers],
-            [c.cross_bias for c in layers],
+            [[c.cross_k for c in layers] for layers in each],
+            [[c.cross_v for c in layers] for layers in each],
+            [[c.cross_bias for c in layers] for layers in each],
         )
 
 
