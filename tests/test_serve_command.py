@@ -54,7 +54,7 @@ def run_dir(tmp_path_factory) -> Path:
         ),
         (["--api-key", " "], "the API key (--api-key or $WTNMT_API_KEY) is empty"),
         (["--ensemble-weights", "1,2"], "--ensemble-weights weighs an --ensemble's models"),
-        (["--ensemble", "x", "--engine", "native"], "--engine pytorch, not native"),
+        (["--ensemble", "x", "--engine", "onnxruntime"], "native or pytorch, not onnxruntime"),
         (["--ensemble", "x", "--ensemble-weights", "1"], "2 numbers above 0, RUN's first"),
     ],
 )

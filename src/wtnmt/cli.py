@@ -42,13 +42,15 @@ class _Parser(argparse.ArgumentParser):
 def _add_export(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "export",
-        help="a trained run as ONNX graphs (ONNX Runtime) or a CTranslate2 model",
+        help="a trained run as ONNX graphs, a CTranslate2 model or a Hugging Face folder",
         description="onnx: the encoder and one decoder step as ONNX graphs, for "
         "--engine onnxruntime or any ONNX Runtime (needs onnx and onnxscript: pip install "
         "'wtnmt[onnx]'). ctranslate2: a CTranslate2 model of a Transformer run (the branched "
-        "layers of a Weighted Transformer have no CTranslate2 spec).",
+        "layers of a Weighted Transformer have no CTranslate2 spec). hf: a folder transformers "
+        "loads with its own classes (a Transformer run as a Marian model, with its tokenizer, "
+        "generation config and model card; pip install 'wtnmt[hf]').",
     )
-    p.add_argument("format", choices=["onnx", "ctranslate2"], help="onnx or ctranslate2")
+    p.add_argument("format", choices=["onnx", "ctranslate2", "hf"], help="onnx, ctranslate2 or hf")
     p.add_argument("run_dir", metavar="RUN", help="a trained run directory")
     p.add_argument("--out", help="the export's directory (default RUN/onnx for onnx)")
     p.add_argument("--weights", default="model.safetensors", help="weights file in RUN")

@@ -89,11 +89,10 @@ def join_runs(  # type: ignore[no-untyped-def]
     runs: Sequence[str | Path],
     weights: Sequence[float] | None = None,
     weights_file: str = "model.safetensors",
-):
-    """``translator``'s model and those of ``runs`` as one ``Ensemble``, searched by the
-    translator's engine (PyTorch, or the native engine's C++ search over them all); a
-    ValueError (one line) where a run's vocabularies are not the translator's, or its engine
-    is ONNX Runtime."""
+) -> Ensemble:
+    """``translator``'s model and those of ``runs`` as one ``Ensemble`` (for the PyTorch
+    engine's search, or the native engine's over them all); a ValueError (one line) where a
+    run's vocabularies are not the translator's, or its engine is ONNX Runtime."""
     from wtnmt.data.vocab import vocabulary_sha256
     from wtnmt.model import quantize_decoding
     from wtnmt.rundir import load_run
@@ -116,10 +115,6 @@ def join_runs(  # type: ignore[no-untyped-def]
                 )
         quantize_decoding(model, translator.quantize)
         models.append(model.to(translator.device).eval())
-    if translator.engine == "native":
-        from wtnmt.decode.native.network import NativeEngine
-
-        return NativeEngine(Ensemble(models, weights), fused=translator.network.fused)
     return Ensemble(models, weights)
 
 

@@ -192,7 +192,13 @@ class Translator:
         from wtnmt.decode.ensemble import join_runs
 
         self.close()
-        self.network = join_runs(self, runs, weights, weights_file)
+        ensemble = join_runs(self, runs, weights, weights_file)
+        if self.engine == "native":  # its C++ search over every model
+            from wtnmt.decode.native.network import NativeEngine
+
+            self.network = NativeEngine(ensemble, fused=self.network.fused)  # type: ignore[union-attr]
+            return
+        self.network = ensemble
 
     def set_branch_weights(
         self, how: str, *, seed: int = 0, only: Sequence[str] | None = None
@@ -334,7 +340,7 @@ class Translator:
         until ``close``. CPU only."""
         if self.device.type != "cpu":
             raise ValueError(f"decoding workers run on the CPU, not {self.device}")
-        if getattr(self.network, "is_ensemble", False) or hasattr(self.network, "models"):
+        if getattr(self.network, "is_ensemble", False) or hasattr(self.network, "log_weights"):
             raise ValueError("an ensemble decodes in this process, not on workers")
         if self.engine not in WORKER_ENGINES:
             raise ValueError(

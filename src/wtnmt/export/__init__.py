@@ -1,6 +1,7 @@
 """A trained run in other engines' formats: ONNX graphs for ONNX Runtime (``onnx.py``, the
-graphs themselves in ``graphs.py``) and a CTranslate2 model of a Transformer
-(``ctranslate2.py``). `wtnmt export FORMAT RUN`."""
+graphs themselves in ``graphs.py``), a CTranslate2 model of a Transformer (``ctranslate2.py``)
+and a Hugging Face folder of a Transformer (``huggingface.py``, its card ``model_card.py``).
+`wtnmt export FORMAT RUN`."""
 
 from __future__ import annotations
 
@@ -17,9 +18,17 @@ def export(
     quantize: str = "none",
     force: bool = False,
 ) -> Path:
-    """`wtnmt export`'s body: export ``run`` in format ``fmt`` (onnx or ctranslate2)."""
+    """`wtnmt export`'s body: export ``run`` in format ``fmt`` (onnx, ctranslate2 or hf)."""
     from wtnmt.errors import CheckpointError
 
+    if fmt == "hf":
+        from wtnmt.export.huggingface import export_hf
+
+        if out is None:
+            raise CheckpointError("export hf: give --out DIR (a new directory)")
+        if quantize != "none":
+            raise CheckpointError("export hf: --quantize int8 is not a Hugging Face format")
+        return export_hf(run, out, weights=weights)
     if fmt == "ctranslate2":
         from wtnmt.export.ctranslate2 import export_ctranslate2
 

@@ -92,13 +92,13 @@ class NativeEngine:
         the PyTorch engine's results up to the order of float32 sums; in int8 up to a
         quantisation step where that order puts an activation on a step's other side. Off,
         every operator is the PyTorch engine's and so is every bit."""
+        self.is_ensemble = isinstance(model, Ensemble)
         self.members: list[torch.nn.Module] = (
             list(model.models) if isinstance(model, Ensemble) else [model]
         )
         if any(next(m.parameters()).device.type != "cpu" for m in self.members):
             raise NativeUnavailable("--engine native decodes on the CPU only")
         self.model = model
-        self.is_ensemble = isinstance(model, Ensemble)
         # log w_m of an ensemble's models (its own: the PyTorch engine's very numbers)
         self._log_weights = model.log_weights if isinstance(model, Ensemble) else torch.empty(0)
         self._ext = extension(say)

@@ -1,0 +1,269 @@
+"""`wtnmt export hf RUN --out DIR`: a Transformer run as a folder `transformers` loads with its
+own classes (``AutoTokenizer``, ``AutoModelForSeq2SeqLM``, ``pipeline("translation")``),
+no remote code: Marian's architecture (``MarianMTModel``), the nearest to wtnmt's Transformer.
+
+Every difference is mapped exactly:
+- Marian lays its sinusoidal positions out as all the sines, then all the cosines; wtnmt
+  interleaves them (Vaswani et al.). The frequencies are the same, so the export permutes the
+  model's D hidden dimensions (sines first): every matrix reading or writing the residual
+  stream, the embeddings and the layer norms, by the same permutation. A layer norm's mean and
+  variance do not depend on the order, nor does a product over the hidden dimension, so the
+  network computes the same function up to the order of float32 sums.
+- wtnmt's attention projections have no biases: Marian's are zero. ``final_logits_bias``: zero.
+- The decoder starts from ``<s>`` (Marian's own models start from ``<pad>``):
+  ``decoder_start_token_id`` says so; the source ends with ``</s>`` as Marian's tokenizer
+  makes it; ``<pad>`` and ``<s>`` are never generated (``bad_words_ids``), as in wtnmt's search.
+- Joint vocabulary: one embedding shared by encoder, decoder and output
+  (``share_encoder_decoder_embeddings``); separate: the source's its own, the decoder's tied
+  to the output.
+
+What ``generate`` cannot express (docs/EXPORT.md): wtnmt's length limit a·|x| + b a sentence
+(``generation_config.json`` carries the model's own limit, ``max_length``), and the GNMT
+length penalty ((5 + |y|) / 6)^α (``generate`` divides by |y|^α: wtnmt's ``fairseq`` form).
+The model card is model_card.py's. Models other than this Transformer (the Weighted
+Transformer's branched layers, pre-norm, learned positions, transparent attention) have no
+Marian counterpart and are refused in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from wtnmt.data.vocab import vocabulary_files
+from wtnmt.errors import CheckpointError
+from wtnmt.rundir import load_run
+from wtnmt.special import BOS, EOS, PAD
+
+SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]  # wtnmt's ids 0-3 (wtnmt.special)
+
+
+def marian_unsupported(model_config) -> str | None:  # type: ignore[no-untyped-def]
+    """Why a run's model has no Marian counterpart (None: it has one)."""
+    m = model_config
+    if m.attention != "multihead":
+        return "a Weighted Transformer's branched layers have no Marian counterpart"
+    reasons = {
+        "model.norm: pre": m.norm != "post",
+        "model.positions: learned": m.positions != "sinusoidal",  # (Marian's are not stored)
+        "model.encoder_combination: transparent": m.encoder_combination != "top",
+        "model.decoder_self_attention: weighted": m.decoder_self_attention != "multihead",
+    }
+    found = [name for name, present in reasons.items() if present]
+    return f"{found[0]} has no Marian counterpart" if found else None
+
+
+def sines_first(d_model: int) -> Tensor:
+    """The permutation of the hidden dimensions from wtnmt's interleaved sin/cos positions to
+    Marian's halves: Marian's dimension k is wtnmt's ``perm[k]``."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+def marian_config(model, config, vocab):  # type: ignore[no-untyped-def]
+    """The ``MarianConfig`` of wtnmt's Transformer ``model`` (its run's ``config``)."""
+    from transformers import MarianConfig
+
+    m, enc, dec = config.model, model.encoder_layers, model.decoder_layers
+    source = getattr(model, "source_embedding", model.embedding).weight.size(0)
+    return MarianConfig(
+        vocab_size=source,
+        decoder_vocab_size=model.embedding.weight.size(0),
+        share_encoder_decoder_embeddings=vocab.joint,
+        tie_word_embeddings=True,
+        d_model=model.embedding.weight.size(1),
+        encoder_layers=len(enc),
+        decoder_layers=len(dec),
+        encoder_attention_heads=enc[0].self_attn.attn.heads,
+        decoder_attention_heads=dec[0].self_attn.attn.heads,
+        encoder_ffn_dim=enc[0].ffn.fc1.weight.size(0),
+        decoder_ffn_dim=dec[0].ffn.fc1.weight.size(0),
+        activation_function="relu",
+        max_position_embeddings=model.max_positions,
+        scale_embedding=True,  # √D
+        dropout=m.dropout,
+        attention_dropout=m.attention_dropout,
+        activation_dropout=m.activation_dropout,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        bos_token_id=BOS,
+        decoder_start_token_id=BOS,
+        forced_eos_token_id=None,  # (generation_config.json's: a search setting)
+        architectures=["MarianMTModel"],
+    )
+
+
+def marian_state(model) -> dict[str, Tensor]:  # type: ignore[no-untyped-def]
+    """``MarianMTModel``'s weights from wtnmt's Transformer, hidden dimensions permuted."""
+    d = model.embedding.weight.size(1)
+    p = sines_first(d)
+    out: dict[str, Tensor] = {}
+
+    def put(name: str, value: Tensor) -> None:
+        out[name] = value.detach().float().contiguous().clone()
+
+    def norm(name: str, layer_norm) -> None:  # type: ignore[no-untyped-def]
+        put(f"{name}.weight", layer_norm.weight[p])
+        put(f"{name}.bias", layer_norm.bias[p])
+
+    def attention(name: str, sublayer, reading: Tensor | None = None) -> None:  # type: ignore[no-untyped-def]
+        qkv = sublayer.attn.proj.weight  # [3·H·Dk, D]: q; k; v
+        inner = qkv.size(0) // 3
+        for i, part in enumerate(("q_proj", "k_proj", "v_proj")):
+            put(f"{name}.{part}.weight", qkv[i * inner : (i + 1) * inner][:, p])
+            put(f"{name}.{part}.bias", torch.zeros(inner))
+        h, dk, _ = sublayer.w_out.shape
+        put(f"{name}.out_proj.weight", sublayer.w_out.reshape(h * dk, d).t()[p])
+        put(f"{name}.out_proj.bias", torch.zeros(d))
+
+    def ffn(name: str, block) -> None:  # type: ignore[no-untyped-def]
+        put(f"{name}.fc1.weight", block.fc1.weight[:, p])
+        put(f"{name}.fc1.bias", block.fc1.bias)
+        put(f"{name}.fc2.weight", block.fc2.weight[p])
+        put(f"{name}.fc2.bias", block.fc2.bias[p])
+
+    target = model.embedding.weight[:, p]
+    source = getattr(model, "source_embedding", model.embedding).weight[:, p]
+    if getattr(model, "source_embedding", None) is None:
+        put("model.shared.weight", target)
+    put("model.encoder.embed_tokens.weight", source)
+    put("model.decoder.embed_tokens.weight", target)
+    put("lm_head.weight", target)
+    put("final_logits_bias", torch.zeros(1, target.size(0)))
+    for i, layer in enumerate(model.encoder_layers):
+        name = f"model.encoder.layers.{i}"
+        attention(f"{name}.self_attn", layer.self_attn)
+        norm(f"{name}.self_attn_layer_norm", layer.self_attn_res.norm)
+        ffn(name, layer.ffn)
+        norm(f"{name}.final_layer_norm", layer.ffn_res.norm)
+    for i, layer in enumerate(model.decoder_layers):
+        name = f"model.decoder.layers.{i}"
+        attention(f"{name}.self_attn", layer.self_attn)
+        norm(f"{name}.self_attn_layer_norm", layer.self_attn_res.norm)
+        attention(f"{name}.encoder_attn", layer.cross_attn)
+        norm(f"{name}.encoder_attn_layer_norm", layer.cross_attn_res.norm)
+        ffn(name, layer.ffn)
+        norm(f"{name}.final_layer_norm", layer.ffn_res.norm)
+    table = model.positions.table[:, p]  # (Marian makes its own at load: the same numbers)
+    put("model.encoder.embed_positions.weight", table)
+    put("model.decoder.embed_positions.weight", table)
+    return out
+
+
+def marian_model(model, config, vocab):  # type: ignore[no-untyped-def]
+    """A ``MarianMTModel`` computing what wtnmt's Transformer ``model`` computes."""
+    from transformers import MarianMTModel
+
+    hf = MarianMTModel(marian_config(model, config, vocab)).eval()
+    state = marian_state(model)
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k not in state and "shared" not in k]
+    if missing or unexpected:  # (a transformers release that renamed Marian's weights)
+        raise CheckpointError(
+            f"this transformers' MarianMTModel has other weights (missing {missing[:3]}, "
+            f"unknown {unexpected[:3]})"
+        )
+    return hf
+
+
+def _tokens(vocab) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    pieces = [vocab.sp.id_to_piece(i) for i in range(len(vocab))]
+    pieces[: len(SPECIALS)] = SPECIALS
+    return {piece: i for i, piece in enumerate(pieces)}
+
+
+def write_tokenizer(vocab, config, out: Path) -> None:  # type: ignore[no-untyped-def]
+    """Marian's tokenizer files: the run's SentencePiece model(s) and the piece → id maps."""
+    from transformers import MarianTokenizer
+
+    work = out / ".tokenizer"
+    work.mkdir()
+    shutil.copyfile(vocab.source.path, work / "source.spm")
+    shutil.copyfile(vocab.target.path, work / "target.spm")
+    (work / "vocab.json").write_text(json.dumps(_tokens(vocab.source), ensure_ascii=False))
+    target_vocab = None
+    if not vocab.joint:
+        target_vocab = work / "target_vocab.json"
+        target_vocab.write_text(json.dumps(_tokens(vocab.target), ensure_ascii=False))
+    tokenizer = MarianTokenizer(
+        source_spm=str(work / "source.spm"),
+        target_spm=str(work / "target.spm"),
+        vocab=str(work / "vocab.json"),
+        target_vocab_file=None if target_vocab is None else str(target_vocab),
+        separate_vocabs=not vocab.joint,
+        source_lang=config.data.src_lang,
+        target_lang=config.data.tgt_lang,
+        model_max_length=config.model.max_positions - 1,  # room for </s>
+    )
+    tokenizer.save_pretrained(str(out))
+    shutil.rmtree(work)
+
+
+def generation_config(config):  # type: ignore[no-untyped-def]
+    """The run's search as ``generate`` takes it (what it cannot take: the module docstring)."""
+    from transformers import GenerationConfig
+
+    d = config.decode
+    return GenerationConfig(
+        decoder_start_token_id=BOS,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        forced_eos_token_id=EOS,
+        bad_words_ids=[[PAD], [BOS]],
+        num_beams=d.beam,
+        length_penalty=d.length_penalty,
+        early_stopping=True,  # a sentence's search ends with its beam's first hypotheses
+        max_length=config.model.max_positions,
+    )
+
+
+def export_hf(run: str | Path, out: str | Path, *, weights: str = "model.safetensors") -> Path:
+    """`wtnmt export hf`'s body: the folder ``out`` (new, or empty), written whole or not at
+    all (made beside it, then renamed)."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CheckpointError(f"--out {out}: exists and is not an empty directory")
+    config, vocab, model = load_run(run, weights=weights)
+    reason = marian_unsupported(config.model)
+    if reason:
+        raise CheckpointError(f"{run}: {reason} (export hf maps the post-norm Transformer)")
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise CheckpointError("export hf needs transformers: pip install 'wtnmt[hf]'") from None
+    from wtnmt.export.model_card import model_card
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", dir=out.parent))
+    try:
+        hf = marian_model(model, config, vocab)
+        hf.save_pretrained(str(work))
+        generation_config(config).save_pretrained(str(work))
+        write_tokenizer(vocab, config, work)
+        for name in vocabulary_files(vocab.joint):  # wtnmt's own names too (wtnmt import)
+            shutil.copyfile(Path(run) / name, work / name)
+        (work / "README.md").write_text(model_card(Path(run), config, weights), encoding="utf-8")
+        if out.is_dir():
+            out.rmdir()  # (empty: checked above)
+        work.rename(out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return out
+
+
+__all__ = [
+    "export_hf",
+    "generation_config",
+    "marian_config",
+    "marian_model",
+    "marian_state",
+    "marian_unsupported",
+    "sines_first",
+]
