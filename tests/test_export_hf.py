@@ -1,15 +1,21 @@
-"""`wtnmt export hf` (export/huggingface.py): a Transformer run trained here, exported, loaded by
-`transformers`' own Auto classes (no remote code), gives wtnmt's own tokens: its tokenizer
-wtnmt's ids, ``generate`` wtnmt's greedy search and its beam search where the settings match
-(fairseq's length penalty, the same length limit), for a joint and a separate vocabulary;
-``pipeline("translation")`` wtnmt's text. Where ``generate`` cannot express a run's setting
+"""`wtnmt export hf` (export/huggingface.py): runs trained here, exported, loaded by
+`transformers`' own Auto classes, give wtnmt's own tokens: a Transformer as a Marian model (no
+remote code; joint and separate vocabularies), every other kind (Weighted Transformer,
+pre-norm, learned positions with transparent attention) with wtnmt's modelling code shipped
+in the folder (``trust_remote_code=True``; the code runs where wtnmt is not installed). Its
+tokenizer gives wtnmt's ids, ``generate`` wtnmt's greedy search and its beam search where the
+settings match (fairseq's length penalty, the same length limit); ``pipeline("translation")``
+wtnmt's text where transformers has it. Where ``generate`` cannot express a run's setting
 (GNMT's length penalty) the test shows what it does instead. Refusals are one line and write
-nothing; the model card carries the run's scores with their signatures. Offline: the models
-are trained in the test (a few hundred updates: random weights give tie-prone outputs)."""
+nothing; the model card carries the run's scores with their signatures and the learned κ, α.
+Offline: the models are trained in the test (a few hundred updates: random weights give
+tie-prone outputs)."""
 
 from __future__ import annotations
 
+import ast
 import json
+import os
 import sys
 
 import pytest
@@ -28,14 +34,27 @@ SENTENCES = [sentence(30_000 + i, 2 + i % 6) for i in range(16)]
 LIMIT = 12  # tokens before EOS is forced, in both searches
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["joint", "separate"])
-def exported(request, tmp_path_factory):  # type: ignore[no-untyped-def]
-    """A Transformer run of 250 updates and its export (joint or separate vocabularies)."""
-    tmp = tmp_path_factory.mktemp("hf")
+MARIAN = {  # a Transformer Marian expresses: joint and separate vocabularies
+    "joint": ({"attention": "multihead"}, {}),
+    "separate": ({"attention": "multihead"}, {"joint_vocab": False}),
+}
+CODE = {  # every other kind: wtnmt's code in the folder
+    "weighted": ({}, {}),
+    "transformer-pre-norm": ({"attention": "multihead", "norm": "pre"}, {}),
+    "weighted-learned-transparent-separate": (
+        {"positions": "learned", "encoder_combination": "transparent"},
+        {"joint_vocab": False},
+    ),
+}
+
+
+def _export(tmp_path_factory, name: str, model: dict, data: dict):  # type: ignore[no-untyped-def]
+    """A run of 250 updates, evaluated, and its export."""
+    tmp = tmp_path_factory.mktemp(name)
     config = tiny_run_config(
         tmp,
-        model={"attention": "multihead"},
-        data={"joint_vocab": request.param},
+        model=model,
+        data=data,
         train={"max_steps": 250, "valid_every": 250, "log_every": 50},
     )
     Trainer(config, tmp / "run", log_to_stderr=False).run()
@@ -44,12 +63,22 @@ def exported(request, tmp_path_factory):  # type: ignore[no-untyped-def]
     return tmp / "run", tmp / "hf"
 
 
-def _loaded(out):  # type: ignore[no-untyped-def]
+@pytest.fixture(scope="module", params=list(MARIAN))
+def exported(request, tmp_path_factory):  # type: ignore[no-untyped-def]
+    return _export(tmp_path_factory, request.param, *MARIAN[request.param])
+
+
+@pytest.fixture(scope="module", params=list(CODE))
+def exported_code(request, tmp_path_factory):  # type: ignore[no-untyped-def]
+    return _export(tmp_path_factory, request.param, *CODE[request.param])
+
+
+def _loaded(out, remote: bool = False):  # type: ignore[no-untyped-def]
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     return (
-        AutoTokenizer.from_pretrained(str(out)),
-        AutoModelForSeq2SeqLM.from_pretrained(str(out)).eval(),
+        AutoTokenizer.from_pretrained(str(out), trust_remote_code=remote),
+        AutoModelForSeq2SeqLM.from_pretrained(str(out), trust_remote_code=remote).eval(),
     )
 
 
@@ -74,10 +103,68 @@ def test_the_auto_classes_load_a_marian_model_with_wtnmts_ids(exported):
 
 
 def test_generate_finds_wtnmts_greedy_and_beam_tokens(exported):
-    run, out = exported
-    tokenizer, hf = _loaded(out)
-    model = Translator.load(run).model
+    _same_searches(*exported, remote=False)
+
+
+def test_shipped_code_generates_wtnmts_greedy_and_beam_tokens(exported_code):
+    run, out = exported_code
+    config = json.loads((out / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForSeq2SeqLM"] == "modeling_wtnmt.WtnmtForTranslation"
+    for code in out.glob("*.py"):  # wtnmt's own modules, none importing the installed wtnmt
+        for node in ast.walk(ast.parse(code.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                assert not (node.module or "").startswith("wtnmt"), (code.name, node.lineno)
+            if isinstance(node, ast.Import):
+                assert not any(a.name.startswith("wtnmt") for a in node.names), code.name
+    tokenizer, hf = _loaded(out, remote=True)
+    assert type(hf).__name__ == "WtnmtForTranslation"
     t = Translator.load(run)
+    for text, ids in zip(SENTENCES, t.encode(SENTENCES), strict=True):
+        assert tokenizer([text]).input_ids[0] == [*ids, EOS]
+    _same_searches(run, out, remote=True)
+    # a batch, padded: each sentence's greedy translation as alone
+    batch = tokenizer(SENTENCES[:5], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        found = hf.generate(**batch, num_beams=1, max_new_tokens=LIMIT + 1)
+    want = []
+    for ids in t.encode(SENTENCES[:5]):
+        hyp = search_batch(t.model, torch.tensor([[*ids, EOS]]), beam=1, max_len=LIMIT)[0][0]
+        want.append(t.vocab.target.decode(hyp.tokens))
+    assert tokenizer.batch_decode(found, skip_special_tokens=True) == want
+
+
+def test_the_shipped_code_needs_no_wtnmt(exported_code, tmp_path):
+    """The folder loads and translates in a process where ``import wtnmt`` fails."""
+    import subprocess
+
+    run, out = exported_code
+    script = f"""
+import sys
+sys.modules["wtnmt"] = None  # as where wtnmt is not installed
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+tokenizer = AutoTokenizer.from_pretrained({str(out)!r}, trust_remote_code=True)
+model = AutoModelForSeq2SeqLM.from_pretrained({str(out)!r}, trust_remote_code=True)
+batch = tokenizer({SENTENCES[:3]!r}, return_tensors="pt", padding=True)
+print(tokenizer.batch_decode(model.generate(**batch, num_beams=1, max_new_tokens={LIMIT + 1}),
+                             skip_special_tokens=True))
+"""
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    t = Translator.load(run)
+    want = []
+    for ids in t.encode(SENTENCES[:3]):
+        hyp = search_batch(t.model, torch.tensor([[*ids, EOS]]), beam=1, max_len=LIMIT)[0][0]
+        want.append(t.vocab.target.decode(hyp.tokens))
+    assert done.stdout.strip().splitlines()[-1] == repr(want)
+
+
+def _same_searches(run, out, *, remote: bool) -> None:  # type: ignore[no-untyped-def]
+    tokenizer, hf = _loaded(out, remote)
+    t = Translator.load(run)
+    model = t.model
     for text, ids in zip(SENTENCES, t.encode(SENTENCES), strict=True):
         src = torch.tensor([[*ids, EOS]])
         greedy = search_batch(model, src, beam=1, max_len=LIMIT)[0][0]
@@ -183,9 +270,16 @@ def test_a_failed_export_leaves_nothing(exported, tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_weighted_transformer_is_refused_in_one_line(tmp_path, capsys):
-    config = tiny_run_config(tmp_path, train={"max_steps": 2, "valid_every": 2})
-    Trainer(config, tmp_path / "weighted", log_to_stderr=False).run()
-    assert cli(["export", "hf", str(tmp_path / "weighted"), "--out", str(tmp_path / "o")]) == 2
-    one_line(capsys, "export", "branched layers have no Marian counterpart")
-    assert not (tmp_path / "o").exists()
+def test_the_model_card_of_a_weighted_transformer_shows_its_kappa_and_alpha(exported_code):
+    from wtnmt.model.branch_weights import branch_weight_table
+
+    run, out = exported_code
+    card = (out / "README.md").read_text()
+    assert "trust_remote_code=True" in card and "custom_code" in card
+    table = branch_weight_table(Translator.load(run).model)
+    if not table:  # (the pre-norm Transformer has none)
+        assert "Learned branch weights" not in card
+        return
+    for name, weights in table.items():
+        row = f"| `{name}` | " + ", ".join(f"{w:.3f}" for w in weights["kappa"])
+        assert row in card

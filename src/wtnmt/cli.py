@@ -47,8 +47,9 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
         "--engine onnxruntime or any ONNX Runtime (needs onnx and onnxscript: pip install "
         "'wtnmt[onnx]'). ctranslate2: a CTranslate2 model of a Transformer run (the branched "
         "layers of a Weighted Transformer have no CTranslate2 spec). hf: a folder transformers "
-        "loads with its own classes (a Transformer run as a Marian model, with its tokenizer, "
-        "generation config and model card; pip install 'wtnmt[hf]').",
+        "loads with its Auto classes (a Transformer as a Marian model; other models with "
+        "wtnmt's modelling code, trust_remote_code=True), its tokenizer, generation config "
+        "and model card (pip install 'wtnmt[hf]').",
     )
     p.add_argument("format", choices=["onnx", "ctranslate2", "hf"], help="onnx, ctranslate2 or hf")
     p.add_argument("run_dir", metavar="RUN", help="a trained run directory")

@@ -1,5 +1,5 @@
-"""`wtnmt export hf RUN --out DIR`: a Transformer run as a folder `transformers` loads with its
-own classes (``AutoTokenizer``, ``AutoModelForSeq2SeqLM``, ``pipeline("translation")``),
+"""`wtnmt export hf RUN --out DIR`: a run as a folder `transformers` loads. A Transformer, with
+its own classes (``AutoTokenizer``, ``AutoModelForSeq2SeqLM``, ``pipeline("translation")``),
 no remote code: Marian's architecture (``MarianMTModel``), the nearest to wtnmt's Transformer.
 
 Every difference is mapped exactly:
@@ -20,9 +20,12 @@ Every difference is mapped exactly:
 What ``generate`` cannot express (docs/EXPORT.md): wtnmt's length limit a·|x| + b a sentence
 (``generation_config.json`` carries the model's own limit, ``max_length``), and the GNMT
 length penalty ((5 + |y|) / 6)^α (``generate`` divides by |y|^α: wtnmt's ``fairseq`` form).
-The model card is model_card.py's. Models other than this Transformer (the Weighted
-Transformer's branched layers, pre-norm, learned positions, transparent attention) have no
-Marian counterpart and are refused in one line.
+The model card is model_card.py's.
+
+Every other model (the Weighted Transformer's branched layers, pre-norm, learned positions,
+transparent attention) has no Marian counterpart: its folder ships wtnmt's own modelling code
+(hf_modeling.py and the model's modules, written by hf_code.py), loaded with
+``trust_remote_code=True`` by the same Auto classes.
 """
 
 from __future__ import annotations
@@ -204,12 +207,14 @@ def write_tokenizer(vocab, config, out: Path) -> None:  # type: ignore[no-untype
     shutil.rmtree(work)
 
 
-def generation_config(config):  # type: ignore[no-untyped-def]
-    """The run's search as ``generate`` takes it (what it cannot take: the module docstring)."""
+def generation_config(config, *, cache: bool = True):  # type: ignore[no-untyped-def]
+    """The run's search as ``generate`` takes it (what it cannot take: the module docstring);
+    ``cache``: whether the model keeps keys and values (the shipped code recomputes)."""
     from transformers import GenerationConfig
 
     d = config.decode
     return GenerationConfig(
+        use_cache=cache,
         decoder_start_token_id=BOS,
         bos_token_id=BOS,
         eos_token_id=EOS,
@@ -223,32 +228,58 @@ def generation_config(config):  # type: ignore[no-untyped-def]
     )
 
 
+def remote_model(model, config):  # type: ignore[no-untyped-def]
+    """wtnmt's ``model`` behind `transformers`' interfaces (hf_modeling.py), for a folder
+    that ships its code (``auto_map``; hf_code.py writes the code)."""
+    from wtnmt.config import config_to_dict
+    from wtnmt.export.hf_code import MODELING
+    from wtnmt.export.hf_modeling import WtnmtConfig, WtnmtForTranslation
+
+    hf_config = WtnmtConfig(
+        wtnmt_model=config_to_dict(config)["model"],
+        vocab_size=model.embedding.weight.size(0),
+        source_vocab_size=model.source_vocab_size,
+        architectures=["WtnmtForTranslation"],
+        auto_map={
+            "AutoConfig": f"{MODELING}.WtnmtConfig",
+            "AutoModelForSeq2SeqLM": f"{MODELING}.WtnmtForTranslation",
+        },
+    )
+    hf = WtnmtForTranslation(hf_config).eval()
+    hf.model.load_state_dict(model.state_dict())
+    return hf
+
+
 def export_hf(run: str | Path, out: str | Path, *, weights: str = "model.safetensors") -> Path:
     """`wtnmt export hf`'s body: the folder ``out`` (new, or empty), written whole or not at
-    all (made beside it, then renamed)."""
+    all (made beside it, then renamed). A Transformer Marian expresses becomes a Marian model;
+    every other model ships wtnmt's modelling code (``trust_remote_code=True``)."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"--out {out}: exists and is not an empty directory")
     config, vocab, model = load_run(run, weights=weights)
-    reason = marian_unsupported(config.model)
-    if reason:
-        raise CheckpointError(f"{run}: {reason} (export hf maps the post-norm Transformer)")
     try:
         import transformers  # noqa: F401
     except ImportError:
         raise CheckpointError("export hf needs transformers: pip install 'wtnmt[hf]'") from None
+    from wtnmt.export.hf_code import bundle
     from wtnmt.export.model_card import model_card
 
+    marian = marian_unsupported(config.model) is None
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", dir=out.parent))
     try:
-        hf = marian_model(model, config, vocab)
-        hf.save_pretrained(str(work))
-        generation_config(config).save_pretrained(str(work))
+        if marian:
+            marian_model(model, config, vocab).save_pretrained(str(work))
+        else:
+            remote_model(model, config).save_pretrained(str(work))
+            bundle(work)
+        generation_config(config, cache=marian).save_pretrained(str(work))
         write_tokenizer(vocab, config, work)
         for name in vocabulary_files(vocab.joint):  # wtnmt's own names too (wtnmt import)
             shutil.copyfile(Path(run) / name, work / name)
-        (work / "README.md").write_text(model_card(Path(run), config, weights), encoding="utf-8")
+        card = model_card(Path(run), config, weights, model=model, marian=marian)
+        (work / "README.md").write_text(card, encoding="utf-8")
         if out.is_dir():
             out.rmdir()  # (empty: checked above)
         work.rename(out)
@@ -265,5 +296,6 @@ __all__ = [
     "marian_model",
     "marian_state",
     "marian_unsupported",
+    "remote_model",
     "sines_first",
 ]

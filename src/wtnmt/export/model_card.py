@@ -52,13 +52,17 @@ def _data(config: RunConfig) -> str:
     return f"the user's own {d.src_lang}→{d.tgt_lang} files (`data.train_*` in the run's config)"
 
 
-def _metadata(name: str, config: RunConfig, test: dict) -> str:  # type: ignore[type-arg]
+def _metadata(name: str, config: RunConfig, test: dict, marian: bool) -> str:  # type: ignore[type-arg]
     d = config.data
+    tags = ["translation", "wtnmt"]
+    tags.insert(1, "marian" if marian else "custom_code")
+    if config.model.attention == "branched":
+        tags.append("weighted-transformer")
     meta: dict = {  # type: ignore[type-arg]
         "language": [d.src_lang, d.tgt_lang],
         "library_name": "transformers",
         "pipeline_tag": "translation",
-        "tags": ["translation", "marian", "wtnmt"],
+        "tags": tags,
     }
     if d.corpus:
         meta["datasets"] = [d.corpus]
@@ -81,22 +85,74 @@ def _metadata(name: str, config: RunConfig, test: dict) -> str:  # type: ignore[
     return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n"
 
 
-def model_card(run: Path, config: RunConfig, weights: str) -> str:
-    """The card of ``run``'s export (``weights``: the file exported)."""
+def _what(config: RunConfig, marian: bool) -> tuple[str, str]:
+    """The model's name in the title, and the paragraph that says what it is."""
+    m = config.model
+    if marian:
+        return "a Transformer", (
+            "A Transformer (Vaswani et al., 2017; post-norm, sinusoidal positions, tied "
+            "embeddings) trained with wtnmt and exported by `wtnmt export hf` as a Marian model "
+            "that `transformers` loads with its own classes. The export permutes the hidden "
+            "dimensions to Marian's layout of the positions; the network computes what wtnmt's "
+            "does."
+        )
+    kind = "a Weighted Transformer" if m.attention == "branched" else "a Transformer"
+    paper = (
+        " (Ahmed, Keskar & Socher, 2017: each attention head a branch with its own FFN, their "
+        "contributions κ and α learned on the probability simplex)"
+        if m.attention == "branched"
+        else ""
+    )
+    return kind, (
+        f"{kind[0].upper()}{kind[1:]}{paper}, {m.norm}-norm, {m.positions} positions, "
+        f"encoder output: {m.encoder_combination}; trained with wtnmt and exported by `wtnmt "
+        "export hf` with wtnmt's own modelling code beside it (`modeling_wtnmt.py` and the "
+        "`wtnmt_*.py` modules it imports: the installed wtnmt's source): load it with "
+        "`trust_remote_code=True`. `generate` recomputes the decoder over the prefix at every "
+        "step (no key/value cache): wtnmt's own engines are faster."
+    )
+
+
+def _branch_weights(model) -> list[str]:  # type: ignore[no-untyped-def]
+    """The learned κ, α of every branched sublayer, as a table."""
+    from wtnmt.model.branch_weights import branch_weight_table
+
+    table = branch_weight_table(model) if model is not None else {}
+    if not table:
+        return []
+    lines = [
+        "",
+        "## Learned branch weights",
+        "",
+        "κ weighs each branch's head (concatenation), α its FFN output (addition); each on "
+        "the simplex.",
+        "",
+        "| sublayer | κ | α |",
+        "|---|---|---|",
+    ]
+    for name, weights in table.items():
+        kappa = ", ".join(f"{w:.3f}" for w in weights["kappa"])
+        alpha = ", ".join(f"{w:.3f}" for w in weights["alpha"])
+        lines.append(f"| `{name}` | {kappa} | {alpha} |")
+    return lines
+
+
+def model_card(
+    run: Path, config: RunConfig, weights: str, *, model=None, marian: bool = True
+) -> str:  # type: ignore[no-untyped-def]
+    """The card of ``run``'s export (``weights``: the file exported; ``model``: its network,
+    whose κ, α the card shows; ``marian``: exported as a Marian model, else with its code)."""
     scores, finished = _scores(run), _finished(run)
     test = _test(scores)
     m, t, d = config.model, config.train, config.decode
     name = run.resolve().name
+    kind, what = _what(config, marian)
     lines = [
-        _metadata(name, config, test),
-        f"# {name}: {config.data.src_lang}→{config.data.tgt_lang} translation, a Transformer "
+        _metadata(name, config, test, marian),
+        f"# {name}: {config.data.src_lang}→{config.data.tgt_lang} translation, {kind} "
         "trained with wtnmt",
         "",
-        "A Transformer (Vaswani et al., 2017; post-norm, sinusoidal positions, tied "
-        "embeddings) trained with wtnmt and exported by `wtnmt export hf` as a Marian model "
-        "that `transformers` loads with its own classes. The export permutes the hidden "
-        "dimensions to Marian's layout of the positions; the network computes what wtnmt's "
-        "does.",
+        what,
         "",
         "## Data",
         "",
@@ -136,14 +192,16 @@ def model_card(run: Path, config: RunConfig, weights: str) -> str:
             lines.append(f"| chrF | {test['chrf']} | `{_cell(test.get('chrf_signature', ''))}` |")
     else:
         lines.append("The run holds no test scores (`wtnmt evaluate RUN` makes them).")
+    lines += _branch_weights(model)
+    remote = "" if marian else ", trust_remote_code=True"
     lines += [
         "",
         "## Use",
         "",
         "```python",
         "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer",
-        'tokenizer = AutoTokenizer.from_pretrained("THIS_FOLDER")',
-        'model = AutoModelForSeq2SeqLM.from_pretrained("THIS_FOLDER")',
+        f'tokenizer = AutoTokenizer.from_pretrained("THIS_FOLDER"{remote})',
+        f'model = AutoModelForSeq2SeqLM.from_pretrained("THIS_FOLDER"{remote})',
         'batch = tokenizer(["A sentence to translate."], return_tensors="pt")',
         "print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))",
         "```",
