@@ -283,3 +283,16 @@ def test_the_model_card_of_a_weighted_transformer_shows_its_kappa_and_alpha(expo
     for name, weights in table.items():
         row = f"| `{name}` | " + ", ".join(f"{w:.3f}" for w in weights["kappa"])
         assert row in card
+
+
+def test_ctranslate2s_own_converter_refuses_the_export(exported, tmp_path):
+    """CTranslate2's `transformers` converter reads a Marian folder as OPUS-MT's: ``<pad>`` the
+    last token, dropped, and the decoder started from a zero vector. A wtnmt model starts from
+    ``<s>``'s learned embedding, which that converter cannot express: it refuses the folder
+    (``wtnmt export ctranslate2`` maps the model exactly; docs/EXPORT.md). Should a release
+    convert it, this test says so, and whether its translations are wtnmt's is to be checked."""
+    ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed")
+
+    _, out = exported
+    with pytest.raises(ValueError, match="vocabulary"):
+        ctranslate2.converters.TransformersConverter(str(out)).convert(str(tmp_path / "ct2"))

@@ -28,10 +28,11 @@ from wtnmt import Translator
 from wtnmt.cli import main as cli
 from wtnmt.decode.batches import padded
 from wtnmt.decode.onnx_engine import OnnxNetwork, OnnxStepper
-from wtnmt.decode.search import _Stepper
+from wtnmt.decode.search import _Stepper, search_batch
 from wtnmt.export.onnx import ExportError, export_onnx, graph_file
 from wtnmt.rundir.files import save_weights
 from wtnmt.runtime import cpu_has_vnni
+from wtnmt.special import EOS
 from wtnmt.train import Trainer
 
 # every option the export must carry, each at least once, in as few models as that takes (an
@@ -320,7 +321,7 @@ def test_a_server_on_onnx_runtime_answers_as_the_pytorch_server(learned):
 @pytest.mark.parametrize("joint", [True, False], ids=["joint-vocab", "separate-vocabularies"])
 def test_a_transformer_exported_to_ctranslate2_translates_as_wtnmt(tmp_path, joint):
     ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed")
-    run = _train(tmp_path, {"attention": "multihead", "data": {"joint_vocab": joint}}, steps=60)
+    run = _train(tmp_path, {"attention": "multihead", "data": {"joint_vocab": joint}}, steps=250)
     out = tmp_path / "ct2"
     assert cli(["export", "ctranslate2", str(run), "--out", str(out)]) == 0
     translator = Translator.load(run)
@@ -339,12 +340,25 @@ def test_a_transformer_exported_to_ctranslate2_translates_as_wtnmt(tmp_path, joi
         beam_size=1,
         max_decoding_length=max(int(1.5 * (len(seq) + 1) + 10) for seq in ids) + 1,
         suppress_sequences=[["<pad>"], ["<s>"]],
+        min_decoding_length=0,  # (CTranslate2's default is 1; wtnmt's search may end at once)
     )
     for seq, mine, other in zip(ids, ours, theirs, strict=True):
         want = [translator.vocab.target.sp.id_to_piece(i) for i in mine[0].ids]
         got = [t for t in other.hypotheses[0] if t != "</s>"]
         limit = int(1.5 * (len(seq) + 1) + 10)  # where wtnmt's search forces EOS
         assert got[: len(want)] == want and (len(got) == len(want) or len(want) == limit)
+    # beam search ranking by the log-probability alone (α = 0), at one length limit (with
+    # α = 1 the two normalise by lengths that rank one sentence's hypotheses otherwise)
+    for seq, pieces_of in zip(ids, pieces, strict=True):
+        src = torch.tensor([[*seq, EOS]])
+        hyp = search_batch(translator.model, src, beam=4, max_len=12, alpha=0.0,
+                           penalty_form="fairseq")[0][0]  # fmt: skip
+        other = ctranslate2.Translator(str(out), device="cpu").translate_batch(
+            [pieces_of], beam_size=4, length_penalty=0.0, max_decoding_length=12,
+            suppress_sequences=[["<pad>"], ["<s>"]], min_decoding_length=0,
+        )[0].hypotheses[0]  # fmt: skip
+        want = [translator.vocab.target.sp.id_to_piece(i) for i in hyp.tokens]
+        assert [t for t in other if t != "</s>"] == want
 
 
 def test_an_export_with_a_torch_too_old_for_it_is_refused_in_one_line(learned, capsys, monkeypatch):
