@@ -7,7 +7,9 @@
     python -m wtnmt.analysis.paper --figures docs/figures   # draw the figures there
 
 A table lives in one of the documents between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->``;
-everything else in it is prose, which quotes the tables. Every number comes from each run's
+everything else in it is prose, which quotes the tables, and whose numbers and the rule's words
+for them live between ``<!-- value:NAME -->`` and ``<!-- /value -->`` (paper_values.py), filled
+and checked as the tables are. Every number comes from each run's
 ``config.yaml``, ``finished.json``, ``scores.json``, ``metrics.jsonl`` and ``eval/`` as
 committed: nothing is decoded or trained here.
 """
@@ -37,6 +39,12 @@ from wtnmt.analysis.paper_tables import (
     sublayer_table,
     table3_table,
 )
+from wtnmt.analysis.paper_values import (
+    fill_values,
+    secondary_table,
+    value_differences,
+    values,
+)
 
 SPEC = Path("docs/results.yaml")  # from the repository's root
 
@@ -48,6 +56,7 @@ TABLES = {
     "table3": table3_table,
     "sublayers": sublayer_table,
     "seeds-needed": seeds_needed,
+    "secondary": secondary_table,
 }
 
 
@@ -70,17 +79,21 @@ def _block(name: str) -> re.Pattern[str]:
     )
 
 
-def fill(document: str, tables: dict[str, str]) -> str:
-    """``document`` with each table's block replaced by the table made now."""
+def fill(document: str, tables: dict[str, str], named: dict[str, str] | None = None) -> str:
+    """``document`` with each table's block replaced by the table made now, and each value
+    the prose quotes (``named``) made now."""
     for name, text in tables.items():
         document = _block(name).sub(lambda m, t=text: f"{m[1]}{t}\n{m[3]}", document)
-    return document
+    return document if named is None else fill_values(document, named)
 
 
-def differences(documents: str | list[str], tables: dict[str, str]) -> list[str]:
-    """The tables whose block is in none of ``documents``, or holds other numbers in one."""
+def differences(
+    documents: str | list[str], tables: dict[str, str], named: dict[str, str] | None = None
+) -> list[str]:
+    """The tables whose block is in none of ``documents``, or holds other numbers in one; and
+    the values a document quotes that differ from ``named``."""
     texts = [documents] if isinstance(documents, str) else documents
-    found = []
+    found = [] if named is None else [f for t in texts for f in value_differences(t, named)]
     for name, text in tables.items():
         matches = [m for document in texts if (m := _block(name).search(document))]
         if not matches:
@@ -103,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", type=Path, default=SPEC, help=f"the runs (default {SPEC})")
     args = parser.parse_args(argv)
     tables = make_tables(args.spec)
+    named = values(load_settings(args.spec))
     if args.figures is not None:
         from wtnmt.analysis.paper_figures import make_figures
 
@@ -110,15 +124,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"drew {path}", file=sys.stderr)
     if args.write is not None:
         for document in args.write:
-            document.write_text(fill(document.read_text(encoding="utf-8"), tables), "utf-8")
+            text = fill(document.read_text(encoding="utf-8"), tables, named)
+            document.write_text(text, "utf-8")
         return 0
     if args.check is not None:
-        found = differences([d.read_text(encoding="utf-8") for d in args.check], tables)
+        found = differences([d.read_text(encoding="utf-8") for d in args.check], tables, named)
         for line in found:
             print(f"{' '.join(map(str, args.check))}: {line}", file=sys.stderr)
         return 1 if found else 0
     for name, text in tables.items():
         print(f"<!-- table:{name} -->\n{text}\n<!-- /table:{name} -->\n")
+    for name, text in named.items():
+        print(f"<!-- value:{name} -->{text}<!-- /value -->")
     return 0
 
 

@@ -26,6 +26,7 @@ class Setting:
 
     name: str
     runs: dict[str, list[Run]]
+    key: str = ""  # what the prose's values call it (paper_values.py); "" where none
 
 
 def spec_root(spec: Path) -> Path:
@@ -42,7 +43,7 @@ def load_settings(spec: Path) -> list[Setting]:
         runs = {
             model: [Run.load(base / path) for path in entry.get(model) or []] for model, _ in MODELS
         }
-        settings.append(Setting(entry["name"], runs))
+        settings.append(Setting(entry["name"], runs, str(entry.get("key") or "")))
     return settings
 
 
