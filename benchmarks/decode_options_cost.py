@@ -2,7 +2,7 @@
 """What sampling and ensembles cost beside plain search.
 
     python benchmarks/decode_options_cost.py [--limit 320] [--rounds 3] [--engines native,pytorch]
-        [--ensembles-only]
+        [--ensembles-only] [--record]
 
 decode_speed.py's protocol: the benchmark's test sentences sorted by length in batches of 32,
 the `small` Weighted Transformer with random seeded weights, every output exactly 24 tokens
@@ -32,6 +32,7 @@ from wtnmt.decode.ensemble import Ensemble
 from wtnmt.decode.sampling import Sampling
 from wtnmt.decode.search import search_batch
 from wtnmt.model import build_model
+from wtnmt.runtime import machine_line
 
 WAYS = {
     "greedy": None,
@@ -57,7 +58,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--engines", default="native,pytorch")
     parser.add_argument("--ensembles-only", action="store_true", help="ensembles' cost only")
+    parser.add_argument(
+        "--record", action="store_true", help="keep the tables in benchmarks/records/ (records.py)"
+    )
     args = parser.parse_args()
+    command = "python benchmarks/decode_options_cost.py " + " ".join(sys.argv[1:])
+    sampling_rows: list[list[str]] = []
     model, inputs = protocol_setup(args)
     engines = {}
     for name in args.engines.split(","):
@@ -89,13 +95,37 @@ def main() -> int:
                 f"time ×{statistics.median(r):.2f} of greedy ({min(r):.2f}–{max(r):.2f})",
                 flush=True,
             )
-    ensembles(model, inputs, args.rounds, args.model, list(engines))
+        label = {"native": "native", "pytorch": "PyTorch"}[name]
+        sampling_rows.append(
+            [f"{label}, out tok/s", *(f"{statistics.median(seconds[w]):,.0f}" for w in WAYS)]
+        )
+        sampling_rows.append([f"{label}, time × greedy", *(_ratio(ratios[w]) for w in WAYS)])
+    ensemble_rows = ensembles(model, inputs, args.rounds, args.model, list(engines))
+    if args.record:
+        from records import keep
+
+        machine = machine_line()
+        if sampling_rows:
+            keep("decode-options-sampling", machine=machine, command=command,
+                 headers=["engine", *WAYS], rows=sampling_rows)  # fmt: skip
+        keep("decode-options-ensembles", machine=machine, command=command,
+             headers=["engine, search", "1 model, out tok/s", "2 models", "4 models"],
+             rows=ensemble_rows)  # fmt: skip
     return 0
 
 
-def ensembles(model, inputs, rounds: int, preset: str, engine_names: list[str]) -> None:  # type: ignore[no-untyped-def]
+def _ratio(values: list[float]) -> str:
+    """A ratio's median (lowest–highest) over the rounds; 1.00 alone for the baseline."""
+    if max(values) == min(values) == 1.0:
+        return "1.00"
+    return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
+
+
+def ensembles(model, inputs, rounds: int, preset: str, engine_names: list[str]) -> list[list[str]]:  # type: ignore[no-untyped-def]
     """One model against ensembles of 2 and 4 (the others: the same preset, other seeds), on
-    each engine (the native engine's C++ search over every model, or PyTorch's steppers)."""
+    each engine (the native engine's C++ search over every model, or PyTorch's steppers); the
+    table's rows (engine and search; one model's out tok/s; each ensemble's and its time)."""
+    rows = []
     others = []
     for seed in (1, 2, 3):
         torch.manual_seed(seed)
@@ -127,6 +157,17 @@ def ensembles(model, inputs, rounds: int, preset: str, engine_names: list[str]) 
                     f"×{statistics.median(r):.2f} of one model ({min(r):.2f}–{max(r):.2f})",
                     flush=True,
                 )
+            label = {"native": "native", "pytorch": "PyTorch"}[name]
+            search = "greedy" if beam == 1 else f"beam {beam}"
+            cells = [f"{statistics.median(speed[1]):,.0f}"]
+            for n in (2, 4):
+                r = ratios[n]
+                cells.append(
+                    f"{statistics.median(speed[n]):,.0f}: {statistics.median(r):.2f}× "
+                    f"({min(r):.2f}–{max(r):.2f})"
+                )
+            rows.append([f"{label}, {search}", *cells])
+    return rows
 
 
 if __name__ == "__main__":
