@@ -45,6 +45,19 @@ CODE = {  # every other kind: wtnmt's code in the folder
         {"positions": "learned", "encoder_combination": "transparent"},
         {"joint_vocab": False},
     ),
+    "weighted-pre-weighted-self-shared-topk": (
+        {
+            "norm": "pre",
+            "decoder_self_attention": "weighted",
+            "branch_ffn": "shared",
+            "branch_weights": "topk",
+        },
+        {},
+    ),
+    "weighted-pruned": (  # `wtnmt prune`'s kind: 1 to 3 of the 4 branches a sublayer
+        {"kept_branches": {"encoder": [[0, 2], [3]], "decoder": [[1], [0, 1, 3]]}},
+        {},
+    ),
 }
 
 
