@@ -118,6 +118,9 @@ def main() -> None:
         action="store_true",
         help="batch the sentences in file order, unsorted (as JoeyNMT's figures were taken)",
     )
+    parser.add_argument(
+        "--record", action="store_true", help="keep the table in benchmarks/records/ (records.py)"
+    )
     args = parser.parse_args()
     print(machine_line(2), flush=True)
     model, data = setup(args.bench_dir, args.work)
@@ -149,6 +152,25 @@ def main() -> None:
         f"beam5 out tok/s: {results['beam5']:.0f}  greedy out tok/s: {results['greedy']:.0f}  "
         f"cache speed-up: {speedup:.1f}x"
     )
+    if args.record:
+        from records import keep
+
+        order = "file order" if args.file_order else "sorted by length"
+        keep(
+            "decode-speed",
+            machine=machine_line(2),
+            command="python benchmarks/decode_speed.py " + " ".join(sys.argv[1:]),
+            headers=["search (PyTorch engine, float32)", "output tok/s"],
+            rows=[
+                [f"greedy, {min(args.limit, len(data)):,} sentences {order}",
+                 f"{results['greedy']:,.0f}"],
+                ["beam 5, the same", f"{results['beam5']:,.0f}"],
+                [f"beam 5 without the key/value cache (first {n // LENGTH} sentences)",
+                 f"{n / uncached_s:,.0f} (cached on the same: {n / cached_s:,.0f}, "
+                 f"{speedup:.1f}×)"],
+                ["peak RSS (the whole run)", f"{rss:.2f} GiB"],
+            ],
+        )  # fmt: skip
 
 
 if __name__ == "__main__":
