@@ -25,6 +25,7 @@ from wtnmt.data.vocab import Vocabularies
 from wtnmt.decode.alignment import AlignmentSource, align
 from wtnmt.decode.attention import LayerAttention, cross_attention
 from wtnmt.decode.batches import cut_to, length_batches, padded, prefix_tensor
+from wtnmt.decode.engines import chosen_engine, ensemble_network, native_network
 from wtnmt.decode.sampling import Sampling
 from wtnmt.decode.scoring import log_probabilities
 from wtnmt.decode.search import search_batch
@@ -38,8 +39,6 @@ from wtnmt.model import (
 )
 from wtnmt.model.packed import int8_kernels, int8_narrow_weights
 from wtnmt.rundir import load_run
-
-ENGINES = ("auto", "pytorch", "native", "onnxruntime")  # what runs the search (Translator.load)
 
 
 @dataclass(frozen=True)
@@ -100,13 +99,7 @@ class Translator:
         multiplies with), PyTorch otherwise (``say`` is told why). The default here is
         ``"pytorch"``, where ``wtnmt translate`` and ``serve`` use ``auto``: a program's
         results do not depend on the machine's tools (the translations are the same)."""
-        if engine not in ENGINES:
-            raise ValueError(f"engine: {engine!r} is not one of {', '.join(map(repr, ENGINES))}")
-        auto = engine == "auto"
-        if auto:
-            engine = "native" if device == "cpu" else "pytorch"
-        if engine != "pytorch" and device != "cpu":
-            raise ValueError(f"the {engine} engine decodes on the CPU, not {device}")
+        engine, auto = chosen_engine(engine, device)
         config, vocab, model = load_run(run_dir, weights=weights)
         if engine == "onnxruntime":
             from wtnmt.decode.onnx_engine import load_network
@@ -120,19 +113,7 @@ class Translator:
             quantize_decoding(model, quantize)
         translator = cls(model.to(device), vocab, config, torch.device(device))
         if engine == "native":
-            from wtnmt.decode.native import NativeUnavailable
-            from wtnmt.decode.native.network import NativeEngine
-
-            try:
-                translator.network = NativeEngine(model, say=say)
-                translator.network.check_usable()
-            except NativeUnavailable as e:
-                if not auto:
-                    raise
-                translator.network = translator.model
-                why = str(e).removeprefix("--engine native: ")
-                say(f"--engine auto: the native engine cannot run here ({why}): decoding with "
-                    "the PyTorch engine")  # fmt: skip
+            translator.network = native_network(translator.model, auto=auto, say=say)
         return translator
 
     @property
@@ -192,13 +173,7 @@ class Translator:
         from wtnmt.decode.ensemble import join_runs
 
         self.close()
-        ensemble = join_runs(self, runs, weights, weights_file)
-        if self.engine == "native":  # its C++ search over every model
-            from wtnmt.decode.native.network import NativeEngine
-
-            self.network = NativeEngine(ensemble, fused=self.network.fused)  # type: ignore[union-attr]
-            return
-        self.network = ensemble
+        self.network = ensemble_network(join_runs(self, runs, weights, weights_file), self.network)
 
     def set_branch_weights(
         self, how: str, *, seed: int = 0, only: Sequence[str] | None = None
