@@ -3,7 +3,7 @@
 Transformer of the same preset, alternating them in one run (this machine is noisy, so only
 ratios measured side by side mean anything).
 
-    python benchmarks/step_time.py [--threads 2] [--steps 30] [--skip-a]
+    python benchmarks/step_time.py [--threads 2] [--steps 30] [--skip-a] [--record]
 
 Models: the fused Weighted Transformer (the toolkit's own), the Transformer, and the unfused
 reference (the paper's eq. 5–7 with a loop over branches, tests/reference.py) for scale.
@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -114,7 +116,18 @@ def compare(preset: str, batch, *, steps: int, warmup: int, vocab: int) -> dict[
             f"  {name:12s} {t * 1000:8.1f} ms   {tgt_out.ne(PAD).sum() / t:8.0f} tgt tok/s   "
             f"ratio to transformer {t / median['transformer']:.2f}"
         )
-    return {name: t / median["transformer"] for name, t in median.items()}
+    ratios = {name: t / median["transformer"] for name, t in median.items()}
+    ROWS.append(
+        [
+            f"`{preset}` ({src.size(0)} pairs, {padded:,} padded tokens)",
+            *(f"{median[name] * 1000:.1f} ms" for name in ("weighted", "transformer", "unfused")),
+            f"**{ratios['weighted']:.2f}**",
+        ]
+    )
+    return ratios
+
+
+ROWS: list[list[str]] = []  # the table --record keeps, a preset a row
 
 
 def main() -> None:
@@ -123,6 +136,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--skip-a", action="store_true", help="only the small preset")
+    parser.add_argument(
+        "--record", action="store_true", help="keep the table in benchmarks/records/ (records.py)"
+    )
     args = parser.parse_args()
     print(machine_line(args.threads), flush=True)
     torch.set_num_threads(args.threads)
@@ -145,6 +161,18 @@ def main() -> None:
     )
     print(f"\nunfused reference / transformer (small): {small['unfused']:.2f}")
     print(f"step-time ratio weighted/transformer (small): {small['weighted']:.2f}")
+    if args.record:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from records import keep
+
+        keep(
+            "step-time",
+            machine=machine_line(args.threads),
+            command="python benchmarks/step_time.py " + " ".join(sys.argv[1:]),
+            headers=["preset (batch)", "Weighted Transformer", "Transformer",
+                     "unfused per-branch reference", "weighted / Transformer"],
+            rows=ROWS,
+        )  # fmt: skip
 
 
 if __name__ == "__main__":
