@@ -1,4 +1,5 @@
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -43,6 +44,14 @@ def pytest_runtest_setup(item) -> None:  # type: ignore[no-untyped-def]
     (train.precision=auto's choice) never decides another's, nor a user's. (A hook, not a
     fixture: hypothesis refuses function-scoped fixtures around its examples.)"""
     os.environ["WTNMT_CACHE_DIR"] = tempfile.mkdtemp(prefix="wtnmt-test-cache-")
+
+
+def pytest_runtest_teardown(item) -> None:  # type: ignore[no-untyped-def]
+    """The test's own cache goes with it (a thousand folders a run were left in the system's
+    temporary directory otherwise)."""
+    cache = os.environ.pop("WTNMT_CACHE_DIR", None)
+    if cache and Path(cache).name.startswith("wtnmt-test-cache-"):
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items: list) -> None:
