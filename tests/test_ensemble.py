@@ -245,15 +245,20 @@ def test_evaluate_an_ensemble_into_files_of_its_own(runs, capsys):
     one_line(capsys, "evaluate", "--ensemble decides how to make one")
 
 
-def test_a_server_of_an_ensemble_answers_as_the_translator(runs):
+@pytest.mark.parametrize("engine", ["pytorch", "native"])
+def test_a_server_of_an_ensemble_answers_as_the_translator(runs, engine):
     from fastapi.testclient import TestClient
 
+    from wtnmt.decode.native import unavailable_reason
     from wtnmt.serve.app import create_app
     from wtnmt.serve.settings import ServeSettings
 
-    served = Translator.load(runs[0])
+    if engine == "native" and unavailable_reason() is not None:  # pragma: no cover
+        pytest.skip(f"the native engine cannot be built here: {unavailable_reason()}")
+    served = Translator.load(runs[0], engine=engine)
     served.ensemble([runs[1]], weights=[0.7, 0.3])
-    t = Translator.load(runs[0])
+    assert served.engine == engine
+    t = Translator.load(runs[0], engine=engine)
     t.ensemble([runs[1]], weights=[0.7, 0.3])
     lines = ["alpha beta", "gamma delta epsilon"]
     with TestClient(create_app(served, ServeSettings())) as client:
