@@ -53,6 +53,7 @@ def report(rates: dict[tuple[str, int], list[float]], args: argparse.Namespace) 
         return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
 
     med = {key: statistics.median(values) for key, values in rates.items()}
+    rows = []  # the table --record keeps
     print(f"\nmedians of {args.rounds} rounds, output tokens/s ({args.threads} threads), and "
           "ratios to CTranslate2 (median of the rounds' ratios, lowest–highest):")  # fmt: skip
     print(f"  {'entry':27s} {'greedy':>7s} {'beam 5':>7s}   ×CT2 f32 greedy / beam 5"
@@ -66,6 +67,21 @@ def report(rates: dict[tuple[str, int], list[float]], args: argparse.Namespace) 
         ]
         print(f"  {entry:27s} {med[(entry, 1)]:7.0f} {med[(entry, 5)]:7.0f}   "
               f"{cells[0]} / {cells[1]}   {cells[2]} / {cells[3]}")  # fmt: skip
+        rows.append([entry, f"{med[(entry, 1)]:,.0f} / {med[(entry, 5)]:,.0f}",
+                     f"{cells[0]} / {cells[1]}", f"{cells[2]} / {cells[3]}"])  # fmt: skip
+    if getattr(args, "record", False):
+        import sys
+
+        from records import keep
+        from wtnmt.runtime import machine_line
+
+        keep(
+            "decode-vs-ctranslate2",
+            machine=machine_line(args.threads),
+            command="python benchmarks/decode_vs_ctranslate2.py " + " ".join(sys.argv[1:]),
+            headers=["entry", "out tok/s, greedy / beam 5", "× CT2 float32", "× CT2 int8"],
+            rows=rows,
+        )
     for other, name in (("ort", "ONNX Runtime"), ("native", "native")):
         for f in ("weighted", "transformer"):
             if (f"{other} {f} fp32", 1) not in rates:

@@ -175,6 +175,9 @@ def main() -> None:
         action="store_true",
         help="the native engine's entries and CTranslate2's alone (the quicker protocol)",
     )
+    parser.add_argument(
+        "--record", action="store_true", help="keep the table in benchmarks/records/ (records.py)"
+    )
     args = parser.parse_args()
     print(machine_line(args.threads), flush=True)
     torch.set_num_threads(args.threads)
