@@ -13,7 +13,8 @@ import torch
 
 from decode_speed import LENGTH
 from wtnmt.decode import greedy_search
-from wtnmt.export.ctranslate2 import SPECIALS, _in_helper_thread, convert
+from wtnmt.export.ctranslate2 import _in_helper_thread, convert
+from wtnmt.export.plain import SPECIALS
 from wtnmt.special import EOS
 
 # wtnmt's search never outputs padding or BOS: CTranslate2 is told the same

@@ -23,9 +23,8 @@ import torch
 
 from wtnmt.data.vocab import vocabulary_files
 from wtnmt.errors import CheckpointError
+from wtnmt.export.plain import check_new_or_empty, departures, pieces
 from wtnmt.rundir import load_run
-
-SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]  # wtnmt's ids 0-3 (wtnmt.special)
 
 
 def _np(t: torch.Tensor):  # type: ignore[no-untyped-def]
@@ -129,18 +128,12 @@ def _in_helper_thread(work) -> object:  # type: ignore[no-untyped-def]
 
 def unsupported(model_config) -> str | None:  # type: ignore[no-untyped-def]
     """Why a run's model has no CTranslate2 spec here (None: it has one)."""
-    m = model_config
-    if m.attention != "multihead":
+    found = departures(model_config)
+    if found and found[0] == "model.attention: branched":
         return (
             "a Weighted Transformer's branched layers have no CTranslate2 layer spec (its "
             "layers are fixed; use wtnmt export onnx and --engine onnxruntime)"
         )
-    reasons = {
-        "model.norm: pre": m.norm != "post",
-        "model.positions: learned": m.positions != "sinusoidal",
-        "model.encoder_combination: transparent": m.encoder_combination != "top",
-    }
-    found = [name for name, present in reasons.items() if present]
     return f"{found[0]} is not mapped to CTranslate2's spec" if found else None
 
 
@@ -149,8 +142,7 @@ def export_ctranslate2(
 ) -> Path:
     """Convert a Transformer run; ``quantize="int8"``: CTranslate2's int8 weights."""
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise CheckpointError(f"--out {out}: exists and is not an empty directory")
+    check_new_or_empty(out)
     config, vocab, model = load_run(run, weights=weights)
     reason = unsupported(config.model)
     if reason:
@@ -159,7 +151,7 @@ def export_ctranslate2(
         import ctranslate2  # noqa: F401
     except ImportError:
         raise CheckpointError("exporting to CTranslate2 needs: pip install ctranslate2") from None
-    source, target = (_tokens(v) for v in (vocab.source, vocab.target))
+    source, target = (pieces(v) for v in (vocab.source, vocab.target))
     quantization = "int8" if quantize == "int8" else "float32"
     convert(model, target, out, quantization, None if vocab.joint else source)
     for name in vocabulary_files(vocab.joint):  # the pieces a user feeds it, made as ours
@@ -167,10 +159,4 @@ def export_ctranslate2(
     return out
 
 
-def _tokens(vocab) -> list[str]:  # type: ignore[no-untyped-def]
-    tokens = [vocab.sp.id_to_piece(i) for i in range(len(vocab))]
-    tokens[: len(SPECIALS)] = SPECIALS
-    return tokens
-
-
-__all__ = ["SPECIALS", "convert", "ctranslate2_spec", "export_ctranslate2", "unsupported"]
+__all__ = ["convert", "ctranslate2_spec", "export_ctranslate2", "unsupported"]

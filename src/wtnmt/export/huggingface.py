@@ -41,24 +41,17 @@ from torch import Tensor
 
 from wtnmt.data.vocab import vocabulary_files
 from wtnmt.errors import CheckpointError
+from wtnmt.export.plain import check_new_or_empty, departures, pieces
 from wtnmt.rundir import load_run
 from wtnmt.special import BOS, EOS, PAD
 
-SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]  # wtnmt's ids 0-3 (wtnmt.special)
-
 
 def marian_unsupported(model_config) -> str | None:  # type: ignore[no-untyped-def]
-    """Why a run's model has no Marian counterpart (None: it has one)."""
-    m = model_config
-    if m.attention != "multihead":
+    """Why a run's model has no Marian counterpart (None: it has one; learned positions
+    have none as Marian's are computed, not stored)."""
+    found = departures(model_config)
+    if found and found[0] == "model.attention: branched":
         return "a Weighted Transformer's branched layers have no Marian counterpart"
-    reasons = {
-        "model.norm: pre": m.norm != "post",
-        "model.positions: learned": m.positions != "sinusoidal",  # (Marian's are not stored)
-        "model.encoder_combination: transparent": m.encoder_combination != "top",
-        "model.decoder_self_attention: weighted": m.decoder_self_attention != "multihead",
-    }
-    found = [name for name, present in reasons.items() if present]
     return f"{found[0]} has no Marian counterpart" if found else None
 
 
@@ -174,10 +167,8 @@ def marian_model(model, config, vocab):  # type: ignore[no-untyped-def]
     return hf
 
 
-def _tokens(vocab) -> dict[str, int]:  # type: ignore[no-untyped-def]
-    pieces = [vocab.sp.id_to_piece(i) for i in range(len(vocab))]
-    pieces[: len(SPECIALS)] = SPECIALS
-    return {piece: i for i, piece in enumerate(pieces)}
+def _ids(vocab) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    return {piece: i for i, piece in enumerate(pieces(vocab))}
 
 
 def write_tokenizer(vocab, config, out: Path) -> None:  # type: ignore[no-untyped-def]
@@ -188,11 +179,11 @@ def write_tokenizer(vocab, config, out: Path) -> None:  # type: ignore[no-untype
     work.mkdir()
     shutil.copyfile(vocab.source.path, work / "source.spm")
     shutil.copyfile(vocab.target.path, work / "target.spm")
-    (work / "vocab.json").write_text(json.dumps(_tokens(vocab.source), ensure_ascii=False))
+    (work / "vocab.json").write_text(json.dumps(_ids(vocab.source), ensure_ascii=False))
     target_vocab = None
     if not vocab.joint:
         target_vocab = work / "target_vocab.json"
-        target_vocab.write_text(json.dumps(_tokens(vocab.target), ensure_ascii=False))
+        target_vocab.write_text(json.dumps(_ids(vocab.target), ensure_ascii=False))
     tokenizer = MarianTokenizer(
         source_spm=str(work / "source.spm"),
         target_spm=str(work / "target.spm"),
@@ -255,8 +246,7 @@ def export_hf(run: str | Path, out: str | Path, *, weights: str = "model.safeten
     all (made beside it, then renamed). A Transformer Marian expresses becomes a Marian model;
     every other model ships wtnmt's modelling code (``trust_remote_code=True``)."""
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise CheckpointError(f"--out {out}: exists and is not an empty directory")
+    check_new_or_empty(out)
     config, vocab, model = load_run(run, weights=weights)
     try:
         import transformers  # noqa: F401
