@@ -94,6 +94,16 @@ def near_best(run: Run) -> float | None:
     return None if step is None else float(step)
 
 
+def dev_bleu_at(runs: list[Run], step: int) -> list[float]:
+    """The greedy dev BLEU of each of ``runs`` that validated at ``step``."""
+    return [
+        v["valid_bleu"]
+        for r in runs
+        for v in r.metrics.valid
+        if v["step"] == step and "valid_bleu" in v
+    ]
+
+
 def _dropout(runs: list[Run]) -> str:
     found = sorted({float(r.config["model"]["dropout"]) for r in runs})
     return " / ".join(f"{d:g}" for d in found)
@@ -205,12 +215,7 @@ def curve_table(settings: list[Setting], steps: tuple[int, ...] = (1000, 2000, 4
     for setting, _, label, runs in each_model(settings):
         cells = []
         for step in steps:
-            values = [
-                v["valid_bleu"]
-                for r in runs
-                for v in r.metrics.valid
-                if v["step"] == step and "valid_bleu" in v
-            ]
+            values = dev_bleu_at(runs, step)
             cells.append(spread(values) if len(values) == len(runs) else "–")
         rows.append([setting.name, label, *cells])
     return markdown(["setting", "model", *(f"at {s:,}" for s in steps)], rows)

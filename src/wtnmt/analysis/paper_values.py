@@ -29,8 +29,10 @@ from wtnmt.analysis.paper_tables import (
     MODELS,
     Setting,
     count,
+    dev_bleu_at,
     fmt_p,
     markdown,
+    near_best,
     signed,
     spread,
     test_bleu,
@@ -54,11 +56,6 @@ def verdict(diff: float, low: float, high: float, p: float, perm: float, seeds: 
 def values(settings: list[Setting]) -> dict[str, str]:
     """Every named value of the settings that have a ``key``, and of the runs as a whole."""
     out: dict[str, str] = _run_values(settings)
-    for setting in settings:  # (the Transformer's settle too)
-        runs = setting.runs["transformer"]
-        near = [float(n) for r in runs if (n := r.metrics.steps_near_best()) is not None]
-        if setting.key and near:
-            out[f"{setting.key}.transformer.settle"] = count(near)
     for setting in settings:
         if not setting.key:
             continue
@@ -70,14 +67,14 @@ def values(settings: list[Setting]) -> dict[str, str]:
             bleu = [test_bleu(r) for r in runs]
             out[name] = spread(bleu)
             out[f"{name}.n"] = str(len(runs))
+            near = [n for n in map(near_best, runs) if n is not None]
+            if near:
+                out[f"{name}.settle"] = count(near)
             baseline = setting.runs.get(BASELINE.get(model, ""), [])
             out |= _leads(name, runs, baseline)
             base = [test_bleu(r) for r in baseline]
             if len(bleu) < 2 or len(base) < 2:
                 continue
-            near = [float(n) for r in runs if (n := r.metrics.steps_near_best()) is not None]
-            if near:
-                out[f"{name}.settle"] = count(near)
             diff, low, high = welch_interval(bleu, base)
             _, _, p = welch_t(bleu, base)
             perm = permutation_test(bleu, base)
@@ -99,10 +96,7 @@ STEPS = (1000, 2000, 4000, 8000)  # Table 3's (curve_table's)
 
 def _dev_bleu_at(runs: list[Run], step: int) -> float | None:
     """The mean greedy dev BLEU of ``runs`` at ``step``; None where a seed had stopped."""
-    found = [
-        v["valid_bleu"] for r in runs for v in r.metrics.valid
-        if v["step"] == step and "valid_bleu" in v
-    ]  # fmt: skip
+    found = dev_bleu_at(runs, step)
     return sum(found) / len(found) if found and len(found) == len(runs) else None
 
 
@@ -172,16 +166,24 @@ SECONDARY: list[tuple[str, Callable[[Run], float | None], int]] = [
 SLUGS = ("test", "moses", "chrf", "best-checkpoint", "dev-bleu", "dev-loss")  # the values'
 
 
+def _compared(read, runs: list[Run], baseline: list[Run]):  # type: ignore[no-untyped-def]
+    """A measure ``read`` of each run, both sides: (a, b, diff, low, high, Welch p), or None
+    where a side has fewer than two seeds that have it."""
+    a = [v for v in map(read, runs) if v is not None]
+    b = [v for v in map(read, baseline) if v is not None]
+    if len(a) < 2 or len(b) < 2:
+        return None
+    diff, low, high = welch_interval(a, b)
+    return a, b, diff, low, high, welch_t(a, b)[2]
+
+
 def _secondary_values(name: str, runs: list[Run], baseline: list[Run]) -> dict[str, str]:
     """``NAME.SLUG.diff`` and ``NAME.SLUG.p`` of each secondary measure (SLUG below)."""
     out = {}
     for (_, read, digits), slug in zip(SECONDARY, SLUGS, strict=True):
-        a = [v for v in map(read, runs) if v is not None]
-        b = [v for v in map(read, baseline) if v is not None]
-        if len(a) >= 2 and len(b) >= 2:
-            diff, _, _ = welch_interval(a, b)
-            out[f"{name}.{slug}.diff"] = signed(diff, digits)
-            out[f"{name}.{slug}.p"] = fmt_p(welch_t(a, b)[2])
+        if (found := _compared(read, runs, baseline)) is not None:
+            out[f"{name}.{slug}.diff"] = signed(found[2], digits)
+            out[f"{name}.{slug}.p"] = fmt_p(found[5])
     return out
 
 
@@ -193,16 +195,11 @@ def secondary_table(settings: list[Setting]) -> str:
         for model, label in MODELS:
             baseline = BASELINE.get(model)
             runs, base = setting.runs[model], setting.runs.get(baseline or "", [])
-            if len(runs) < 2 or len(base) < 2:
-                continue
-            other = dict(MODELS)[baseline]  # type: ignore[index]
+            other = dict(MODELS).get(baseline or "", "")
             for measure, read, digits in SECONDARY:
-                a = [v for v in map(read, runs) if v is not None]
-                b = [v for v in map(read, base) if v is not None]
-                if len(a) < 2 or len(b) < 2:
+                if (found := _compared(read, runs, base)) is None:
                     continue
-                diff, low, high = welch_interval(a, b)
-                _, _, p = welch_t(a, b)
+                a, b, diff, low, high, p = found
                 rows.append(
                     [
                         setting.name,
