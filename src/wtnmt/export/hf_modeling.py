@@ -56,16 +56,19 @@ class WtnmtConfig(PretrainedConfig):
 
 
 class _Encoder(torch.nn.Module):
-    """``generate``'s encoder: every decoder layer's memory, side by side on the last axis
-    (a transparent encoder gives each its own), so that ``generate`` may repeat them a beam."""
+    """``generate``'s encoder: the memory the decoder layers attend to, [B, S, D]; where a
+    transparent encoder gives each layer its own, all of them side by side on the last axis
+    [B, S, N_dec·D] (one tensor, which ``generate`` repeats a beam)."""
 
     def __init__(self, outer: WtnmtForTranslation) -> None:
         super().__init__()
         self.outer = [outer]  # (a list: not a submodule, whose weights would be counted twice)
 
     def forward(self, input_ids: torch.Tensor, attention_mask=None, **kwargs: Any):  # type: ignore[no-untyped-def]
-        enc = self.outer[0].model.encode(input_ids)
-        return BaseModelOutput(last_hidden_state=torch.cat(enc.memories, dim=-1))
+        model = self.outer[0].model
+        enc = model.encode(input_ids)
+        memories = enc.memories if model.transparent is not None else enc.memories[:1]
+        return BaseModelOutput(last_hidden_state=torch.cat(memories, dim=-1))
 
 
 class WtnmtForTranslation(PreTrainedModel, GenerationMixin):
@@ -112,13 +115,14 @@ class WtnmtForTranslation(PreTrainedModel, GenerationMixin):
         """The next-token logits [B, T, V] after every prefix of ``decoder_input_ids``."""
         if encoder_outputs is None:
             encoder_outputs = self._encoder(input_ids, attention_mask)
-        packed = encoder_outputs[0]  # [B, S, N_dec·D]
+        packed = encoder_outputs[0]  # [B, S, D], or [B, S, N_dec·D] (transparent)
         if attention_mask is None:
             src_pad = torch.zeros(packed.shape[:2], dtype=torch.bool, device=packed.device)
         else:
             src_pad = attention_mask.eq(0)
-        d = self.model.embedding.weight.size(1)
-        enc = EncoderOutput(memories=list(packed.split(d, dim=-1)), src_pad=src_pad, states=[])
+        d, layers = self.model.embedding.weight.size(1), len(self.model.decoder_layers)
+        memories = list(packed.split(d, dim=-1)) if packed.size(-1) > d else [packed] * layers
+        enc = EncoderOutput(memories=memories, src_pad=src_pad, states=[])
         states, _, _ = self.model.decode(decoder_input_ids, enc)
         logits = self.model.embedding.logits(states)
         return Seq2SeqLMOutput(logits=logits, encoder_last_hidden_state=packed)
