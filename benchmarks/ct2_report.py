@@ -70,15 +70,12 @@ def report(rates: dict[tuple[str, int], list[float]], args: argparse.Namespace) 
         rows.append([entry, f"{med[(entry, 1)]:,.0f} / {med[(entry, 5)]:,.0f}",
                      f"{cells[0]} / {cells[1]}", f"{cells[2]} / {cells[3]}"])  # fmt: skip
     if getattr(args, "record", False):
-        import sys
-
         from records import keep
         from wtnmt.runtime import machine_line
 
         keep(
             "decode-vs-ctranslate2",
             machine=machine_line(args.threads),
-            command="python benchmarks/decode_vs_ctranslate2.py " + " ".join(sys.argv[1:]),
             headers=["entry", "out tok/s, greedy / beam 5", "× CT2 float32", "× CT2 int8"],
             rows=rows,
         )

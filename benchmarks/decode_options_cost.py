@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 
 from decode_speed import LENGTH, protocol_arguments, protocol_setup
+from records import add_record_argument
 from wtnmt.config import load_config
 from wtnmt.decode.ensemble import Ensemble
 from wtnmt.decode.sampling import Sampling
@@ -58,11 +59,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--engines", default="native,pytorch")
     parser.add_argument("--ensembles-only", action="store_true", help="ensembles' cost only")
-    parser.add_argument(
-        "--record", action="store_true", help="keep the tables in benchmarks/records/ (records.py)"
-    )
+    add_record_argument(parser)
     args = parser.parse_args()
-    command = "python benchmarks/decode_options_cost.py " + " ".join(sys.argv[1:])
     sampling_rows: list[list[str]] = []
     model, inputs = protocol_setup(args)
     engines = {}
@@ -106,9 +104,9 @@ def main() -> int:
 
         machine = machine_line()
         if sampling_rows:
-            keep("decode-options-sampling", machine=machine, command=command,
+            keep("decode-options-sampling", machine=machine,
                  headers=["engine", *WAYS], rows=sampling_rows)  # fmt: skip
-        keep("decode-options-ensembles", machine=machine, command=command,
+        keep("decode-options-ensembles", machine=machine,
              headers=["engine, search", "1 model, out tok/s", "2 models", "4 models"],
              rows=ensemble_rows)  # fmt: skip
     return 0

@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from records import add_record_argument
 from train_speed import ROOT, build_data
 from wtnmt.config import load_config
 from wtnmt.data import ParallelData
@@ -118,9 +119,7 @@ def main() -> None:
         action="store_true",
         help="batch the sentences in file order, unsorted (as JoeyNMT's figures were taken)",
     )
-    parser.add_argument(
-        "--record", action="store_true", help="keep the table in benchmarks/records/ (records.py)"
-    )
+    add_record_argument(parser)
     args = parser.parse_args()
     print(machine_line(2), flush=True)
     model, data = setup(args.bench_dir, args.work)
@@ -159,7 +158,6 @@ def main() -> None:
         keep(
             "decode-speed",
             machine=machine_line(2),
-            command="python benchmarks/decode_speed.py " + " ".join(sys.argv[1:]),
             headers=["search (PyTorch engine, float32)", "output tok/s"],
             rows=[
                 [f"greedy, {min(args.limit, len(data)):,} sentences {order}",

@@ -84,6 +84,7 @@ from ct2_bridge import (
 )
 from ct2_report import LIBRARY, ONEDNN, WORKERS, entries, report
 from decode_speed import LENGTH, batches
+from records import add_record_argument
 from train_speed import ROOT, build_data
 from wtnmt.config import load_config
 from wtnmt.data import ParallelData
@@ -175,9 +176,7 @@ def main() -> None:
         action="store_true",
         help="the native engine's entries and CTranslate2's alone (the quicker protocol)",
     )
-    parser.add_argument(
-        "--record", action="store_true", help="keep the table in benchmarks/records/ (records.py)"
-    )
+    add_record_argument(parser)
     args = parser.parse_args()
     print(machine_line(args.threads), flush=True)
     torch.set_num_threads(args.threads)

@@ -25,10 +25,20 @@ from pathlib import Path
 RECORDS = Path(__file__).resolve().parent / "records"
 
 
-def keep(name: str, *, machine: str, command: str, headers: list[str], rows: list[list[str]],
-         note: str = "", directory: Path = RECORDS) -> Path:  # fmt: skip
-    """Append a record of table ``name`` (its cells as printed) to ``directory/NAME.jsonl``."""
+def add_record_argument(parser: argparse.ArgumentParser) -> None:
+    """A benchmark's ``--record``: keep what it prints as records (``keep``)."""
+    parser.add_argument(
+        "--record", action="store_true", help="keep the tables in benchmarks/records/ (records.py)"
+    )
+
+
+def keep(name: str, *, machine: str, headers: list[str], rows: list[list[str]], note: str = "",
+         command: str | None = None, directory: Path = RECORDS) -> Path:  # fmt: skip
+    """Append a record of table ``name`` (its cells as printed) to ``directory/NAME.jsonl``;
+    ``machine``: ``machine_line()``'s; ``command``: by default this process's own."""
     directory.mkdir(parents=True, exist_ok=True)
+    if command is None:
+        command = " ".join(["python", f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]])
     record = {
         "date": datetime.date.today().isoformat(),
         "machine": machine_only(machine),

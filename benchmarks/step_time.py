@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from records import add_record_argument
 from wtnmt.config import load_config
 from wtnmt.data.dataset import Batch
 from wtnmt.loss import label_smoothed_cross_entropy
@@ -136,9 +135,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--skip-a", action="store_true", help="only the small preset")
-    parser.add_argument(
-        "--record", action="store_true", help="keep the table in benchmarks/records/ (records.py)"
-    )
+    add_record_argument(parser)
     args = parser.parse_args()
     print(machine_line(args.threads), flush=True)
     torch.set_num_threads(args.threads)
@@ -162,13 +159,11 @@ def main() -> None:
     print(f"\nunfused reference / transformer (small): {small['unfused']:.2f}")
     print(f"step-time ratio weighted/transformer (small): {small['weighted']:.2f}")
     if args.record:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
         from records import keep
 
         keep(
             "step-time",
             machine=machine_line(args.threads),
-            command="python benchmarks/step_time.py " + " ".join(sys.argv[1:]),
             headers=["preset (batch)", "Weighted Transformer", "Transformer",
                      "unfused per-branch reference", "weighted / Transformer"],
             rows=ROWS,
