@@ -25,6 +25,7 @@ class Ensemble:
 
     runs_on_torch = True  # (its steps are PyTorch's: the search keeps its threads)
     engine = "pytorch"
+    is_ensemble = True  # (decodes in this process, never on workers; as NativeEngine's)
 
     def __init__(self, models: Sequence[torch.nn.Module], weights: Sequence[float] | None = None):
         if len(models) < 2:

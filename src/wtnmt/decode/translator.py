@@ -315,7 +315,7 @@ class Translator:
         until ``close``. CPU only."""
         if self.device.type != "cpu":
             raise ValueError(f"decoding workers run on the CPU, not {self.device}")
-        if getattr(self.network, "is_ensemble", False) or hasattr(self.network, "log_weights"):
+        if getattr(self.network, "is_ensemble", False):
             raise ValueError("an ensemble decodes in this process, not on workers")
         if self.engine not in WORKER_ENGINES:
             raise ValueError(

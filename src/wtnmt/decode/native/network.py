@@ -93,9 +93,7 @@ class NativeEngine:
         quantisation step where that order puts an activation on a step's other side. Off,
         every operator is the PyTorch engine's and so is every bit."""
         self.is_ensemble = isinstance(model, Ensemble)
-        self.members: list[torch.nn.Module] = (
-            list(model.models) if isinstance(model, Ensemble) else [model]
-        )
+        self.members: list[torch.nn.Module] = list(model.models) if self.is_ensemble else [model]  # type: ignore[union-attr]
         if any(next(m.parameters()).device.type != "cpu" for m in self.members):
             raise NativeUnavailable("--engine native decodes on the CPU only")
         self.model = model
