@@ -12,7 +12,9 @@ The choice is made once for a CPU, PyTorch build, thread count, model and batch 
 ``$XDG_CACHE_HOME/wtnmt``): the same config on the
 same machine then trains in the same precision every time, without measuring again (a
 measurement at a busy moment chose float32 once and bf16 later). bf16 is chosen only where it
-is clearly the faster (``MARGIN``), so that noise in a near tie cannot decide."""
+is clearly the faster (``MARGIN``), so that noise in a near tie cannot decide. The precision
+chosen names itself in the run's log (``precision_label``) and sets the autocast each update
+runs under (``autocast_for``)."""
 
 from __future__ import annotations
 
@@ -74,6 +76,20 @@ def time_precisions(
         model.train(training)
         torch.set_rng_state(rng)
     return {p: s / repeats for p, s in seconds.items()}
+
+
+def precision_label(precision: str, configured: str) -> str:
+    """How a run's log names the precision it trains in (``configured``: train.precision)."""
+    label = {"fp32": "float32", "bf16": "bf16 autocast", "fp16": "fp16 autocast"}[precision]
+    return f"{label} (train.precision=auto)" if configured == "auto" else label
+
+
+def autocast_for(precision: str, device: torch.device):  # type: ignore[no-untyped-def]
+    """The autocast context an update runs under: none in float32."""
+    if precision == "fp32":
+        return nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
 
 
 def faster(seconds: dict[str, float]) -> tuple[str, str]:
@@ -159,4 +175,13 @@ def choose_precision(
     return chosen, said + kept
 
 
-__all__ = ["choice_key", "choose_precision", "faster", "remember", "remembered", "time_precisions"]
+__all__ = [
+    "autocast_for",
+    "choice_key",
+    "choose_precision",
+    "faster",
+    "precision_label",
+    "remember",
+    "remembered",
+    "time_precisions",
+]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from wtnmt.runtime import bound_onednn_caches, resolve_precision
 from wtnmt.train.init_from import initial_weights as fine_tune_weights
 from wtnmt.train.init_from import weights_file
 from wtnmt.train.loop import TrainingLoop
+from wtnmt.train.precision_probe import autocast_for, precision_label
 from wtnmt.train.report import RunReport, recorded_validations
 from wtnmt.train.resume import precision_on_resume, restore_training, save_training
 from wtnmt.train.schedule import (
@@ -242,15 +242,10 @@ class Trainer(TrainingLoop):
         self.log(said)
 
     def _precision_label(self) -> str:
-        label = {"fp32": "float32", "bf16": "bf16 autocast", "fp16": "fp16 autocast"}
-        chosen = label[self.precision]
-        return f"{chosen} (train.precision=auto)" if self.tc.precision == "auto" else chosen
+        return precision_label(self.precision, self.tc.precision)
 
     def _autocast(self):  # type: ignore[no-untyped-def]
-        if self.precision == "fp32":
-            return nullcontext()
-        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
-        return torch.autocast(self.device.type, dtype=dtype)
+        return autocast_for(self.precision, self.device)
 
     def _set_lr(self, frozen: bool, budget: int | None) -> tuple[float, float]:
         s = self.state
