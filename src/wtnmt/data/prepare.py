@@ -44,7 +44,14 @@ from wtnmt.data.prepared_dir import (
 from wtnmt.data.split import keep_short, split_by_pivot
 from wtnmt.data.spool import spooled
 from wtnmt.data.stream import PairList, ParallelFiles, TsvFile
-from wtnmt.data.summary import describe_filters, filters_applied, split_stats
+from wtnmt.data.summary import (
+    StepClock,
+    corpus_counts,
+    describe_filters,
+    dropped_reasons,
+    filters_applied,
+    split_stats,
+)
 from wtnmt.data.train_split import Selection, encode, kept_pairs, select, train_vocabularies
 from wtnmt.data.vocab import given_vocabularies, vocabularies_from, vocabularies_sha256
 
@@ -198,32 +205,6 @@ def raw_split(config: DataConfig, split: str) -> list[Pair]:
 _LENGTH_FILTERS = ("data.max_tokens_per_side", "data.max_length_ratio")  # applied as encoded
 
 
-def _reasons(dropped: Counter[str], corpus_level: dict[str, Any]) -> str:
-    counts = Counter(corpus_level.get("dropped", {})) + dropped
-    return ", ".join(f"{n:,} {reason.replace('_', ' ')}" for reason, n in counts.items() if n)
-
-
-class _Clock:
-    """Seconds of each step of a build."""
-
-    def __init__(self) -> None:
-        self.laps: dict[str, float] = {}
-        self.last = time.perf_counter()
-
-    def lap(self, name: str) -> float:
-        now = time.perf_counter()
-        self.laps[name], self.last = round(now - self.last, 2), now
-        return self.laps[name]
-
-
-def _corpus_level(selection: Selection) -> dict[str, Any]:
-    """What make_splits reports for a source with its own splits, from pass 1's counts."""
-    if selection.corpus_dropped is None:
-        return {}
-    drops = sorted((k, v) for k, v in selection.corpus_dropped.items() if v)
-    return {"pairs_read": selection.read, "dropped": dict(drops)}
-
-
 def _build(
     config: DataConfig,
     raw: dict[str, Any],
@@ -233,14 +214,14 @@ def _build(
     workers: int,
 ) -> dict[str, Any]:
     c = config
-    clock = _Clock()
+    clock = StepClock()
     splits, corpus_level = make_splits(config, raw, pivot)
     if "split" in corpus_level:
         log(f"splits: {corpus_level['split']}")
     train = splits["train"]
     selection = _select(config, train, pivot is None, duplicates=c.drop_duplicates)
     if pivot is None:
-        corpus_level = _corpus_level(selection)
+        corpus_level = corpus_counts(selection)
     first = Counter(corpus_level.get("dropped", {})) + selection.dropped
     rows = [r for r in filters_applied(c, first) if r["filter"] not in _LENGTH_FILTERS]
     log(
@@ -256,7 +237,7 @@ def _build(
     if not selection.kept:
         raise DataError(
             f"no training pairs left: {read['train']:,} read, all dropped "
-            f"({_reasons(dropped['train'], corpus_level)}); check the training files"
+            f"({dropped_reasons(dropped['train'], corpus_level)}); check the training files"
         )
     if c.vocab_from is None:
         vocab, made = train_vocabularies(train, selection, out, c, threads=workers, log=log), ""
@@ -287,7 +268,7 @@ def _build(
     if not encoded["kept"]:
         raise DataError(
             f"no training pairs left: {read['train']:,} read, all dropped "
-            f"({_reasons(dropped['train'], corpus_level)}); see data.max_tokens_per_side "
+            f"({dropped_reasons(dropped['train'], corpus_level)}); see data.max_tokens_per_side "
             f"and data.max_length_ratio"
         )
     stats = {

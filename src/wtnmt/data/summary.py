@@ -1,7 +1,9 @@
-"""What `wtnmt prepare` reports: each split's counts (summary.json) and the table it prints."""
+"""What `wtnmt prepare` reports: each split's counts and each step's seconds (summary.json)
+and the table it prints."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import Any
 
@@ -16,6 +18,34 @@ FILTERS = {
     "too_long": "data.max_tokens_per_side",
     "length_ratio": "data.max_length_ratio",
 }
+
+
+class StepClock:
+    """Seconds of each step of a build."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self.last = time.perf_counter()
+
+    def lap(self, name: str) -> float:
+        now = time.perf_counter()
+        self.laps[name], self.last = round(now - self.last, 2), now
+        return self.laps[name]
+
+
+def dropped_reasons(dropped: Counter[str], corpus_level: dict[str, Any]) -> str:
+    """The pairs dropped, a count a reason, for an error's line (``corpus_level``'s too)."""
+    counts = Counter(corpus_level.get("dropped", {})) + dropped
+    return ", ".join(f"{n:,} {reason.replace('_', ' ')}" for reason, n in counts.items() if n)
+
+
+def corpus_counts(selection: Any) -> dict[str, Any]:
+    """What make_splits reports for a source with its own splits, from the counts of the
+    ``selection``'s first pass (train_split.Selection)."""
+    if selection.corpus_dropped is None:
+        return {}
+    drops = sorted((k, v) for k, v in selection.corpus_dropped.items() if v)
+    return {"pairs_read": selection.read, "dropped": dict(drops)}
 
 
 def filters_applied(config: Any, counts: Counter[str]) -> list[dict[str, Any]]:
