@@ -17,7 +17,7 @@ def test_the_guides_tables_are_the_ones_the_records_make():
     document = (ROOT / "docs" / "BENCHMARKS.md").read_text(encoding="utf-8")
     assert "<!-- bench:" in document
     assert records.differences(document) == []
-    assert len(document.splitlines()) <= 400, "BENCHMARKS is a guide: history in benchmarks/records/NOTES.md"
+    assert len(document.splitlines()) <= 400, "a guide: the history in benchmarks/records/NOTES.md"
 
 
 def test_a_changed_figure_is_found_and_a_new_record_becomes_the_table(tmp_path):
