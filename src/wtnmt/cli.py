@@ -27,6 +27,7 @@ from wtnmt.commands.runs_args import (
     add_average,
     add_experiment,
     add_export,
+    add_import,
     add_unpack,
 )
 from wtnmt.guard import run_guarded
@@ -203,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_average,
         add_prune,
         add_export,
+        add_import,
         add_analyze,
         add_experiment,
         add_unpack,
@@ -216,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
 # it runs (the command then went on as if none had come): held there, raised once it is done;
 # `analyze` where it decodes; `serve` once it has its extras (serve/main.py)
 _IMPORT_TORCH = frozenset(
-    ("train", "translate", "evaluate", "export", "demo", "average", "experiment", "prune")
+    ("train", "translate", "evaluate", "export", "import", "demo", "average", "experiment", "prune")
 )
 
 

@@ -127,6 +127,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    from wtnmt.export.hf_import import import_hf
+
+    import_hf(args.folder, args.out, src_lang=args.src_lang, tgt_lang=args.tgt_lang)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from wtnmt.demo import main_demo
 

@@ -7,7 +7,14 @@ from __future__ import annotations
 import argparse
 
 from wtnmt.cli_args import size
-from wtnmt.commands import cmd_analyze, cmd_average, cmd_experiment, cmd_export, cmd_unpack
+from wtnmt.commands import (
+    cmd_analyze,
+    cmd_average,
+    cmd_experiment,
+    cmd_export,
+    cmd_import,
+    cmd_unpack,
+)
 
 
 def add_export(commands: argparse._SubParsersAction) -> None:
@@ -34,6 +41,26 @@ def add_export(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--force", action="store_true", help="replace an earlier export in --out")
     p.set_defaults(func=cmd_export)
+
+
+def add_import(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "import",
+        help="a Hugging Face Marian model (OPUS-MT's) as a wtnmt run",
+        description="hf: a folder of a Marian model (MarianMTModel: the OPUS-MT models, or "
+        "`wtnmt export hf`'s) becomes a run that translates on every engine, evaluates, serves "
+        "and fine-tunes (train.init_from: RUN); its SentencePiece models are rewritten to "
+        "wtnmt's ids (pip install 'wtnmt[hf]'). Download the folder first, e.g. with "
+        "`hf download Helsinki-NLP/opus-mt-en-de --local-dir DIR`.",
+    )
+    p.add_argument("format", choices=["hf"], help="hf: a Hugging Face Marian folder")
+    p.add_argument("folder", metavar="DIR", help="the model's folder (config.json, weights, "
+                   "source.spm, target.spm, vocab.json)")  # fmt: skip
+    p.add_argument("--out", required=True, help="the run directory to write (new, or empty)")
+    p.add_argument("--src-lang", help="the source language's name (default: the tokenizer's, "
+                   "else the folder's name: opus-mt-en-de → en)")  # fmt: skip
+    p.add_argument("--tgt-lang", help="the target language's name (as --src-lang)")
+    p.set_defaults(func=cmd_import)
 
 
 def add_average(commands: argparse._SubParsersAction) -> None:
@@ -183,4 +210,11 @@ def add_unpack(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_unpack)
 
 
-__all__ = ["add_analyze", "add_average", "add_experiment", "add_export", "add_unpack"]
+__all__ = [
+    "add_analyze",
+    "add_average",
+    "add_experiment",
+    "add_export",
+    "add_import",
+    "add_unpack",
+]

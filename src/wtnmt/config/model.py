@@ -25,6 +25,12 @@ class ModelConfig:
     dropout: float = 0.1  # residual dropout P_drop
     attention_dropout: float = 0.1  # on the softmax output
     activation_dropout: float = 0.0  # after the FFN's ReLU
+    # the FFN's activation: relu (the paper's) or swish, x·σ(x) (Marian's OPUS-MT models)
+    activation: Literal["relu", "swish"] = "relu"
+    # biases on W^Q, W^K, W^V and W^O (Marian's); the paper's code, tensor2tensor, has none
+    attention_bias: bool = False
+    # a bias added to the output logits (Marian's final_logits_bias)
+    output_bias: bool = False
     # layer norm after each sublayer (post, the paper's) or before it (pre)
     norm: Literal["post", "pre"] = "post"
     # sinusoidal or learned position embeddings
@@ -73,6 +79,13 @@ class ModelConfig:
                         f"Transformer only (model.attention: branched); this model has "
                         f"model.attention: multihead"
                     )
+        if self.attention == "branched":  # options the branched layers have no place for
+            for name, default in _TRANSFORMER_ONLY.items():
+                if getattr(self, name) != default:
+                    raise ConfigError(
+                        f"model.{name}={getattr(self, name)!r} applies to the Transformer only "
+                        f"(model.attention: multihead); this model has model.attention: branched"
+                    )
         if self.branch_weights == "topk" and self.branch_topk > self.heads:
             raise ConfigError(
                 f"model.branch_topk={self.branch_topk} exceeds the number of branches "
@@ -117,6 +130,9 @@ _BRANCHED_ONLY = {
     "branch_init": "random",
     "kept_branches": None,
 }
+
+# the Transformer's options that the Weighted Transformer's branched layers do not take
+_TRANSFORMER_ONLY = {"activation": "relu", "attention_bias": False}
 
 
 __all__ = ["ModelConfig"]

@@ -52,11 +52,15 @@ def _out_projection(attention) -> torch.Tensor:  # type: ignore[no-untyped-def]
 def ctranslate2_spec(model, tokens: list[str], source_tokens: list[str] | None = None):  # type: ignore[no-untyped-def]
     """A ctranslate2 TransformerSpec computing what the wtnmt Transformer ``model`` computes;
     ``source_tokens`` where the source has a vocabulary of its own (``tokens``: the target's)."""
-    from ctranslate2.specs import transformer_spec
+    from ctranslate2.specs import common_spec, transformer_spec
 
     enc, dec = model.encoder_layers, model.decoder_layers
     heads = enc[0].self_attn.attn.heads
-    spec = transformer_spec.TransformerSpec.from_config((len(enc), len(dec)), heads, pre_norm=False)
+    swish = enc[0].ffn.swish  # model.activation
+    activation = common_spec.Activation.SWISH if swish else common_spec.Activation.RELU
+    spec = transformer_spec.TransformerSpec.from_config(
+        (len(enc), len(dec)), heads, pre_norm=False, activation=activation
+    )
     d = model.embedding.weight.size(1)
     table = model.positions.table  # sinusoidal, interleaved sin/cos (not fairseq's halves)
     source_table = getattr(model, "source_embedding", model.embedding).weight
@@ -65,22 +69,37 @@ def ctranslate2_spec(model, tokens: list[str], source_tokens: list[str] | None =
         embeddings.weight = _np(words)
         side.scale_embeddings = True  # √D
         side.position_encodings.encodings = _np(table)
-    _linear(spec.decoder.projection, model.embedding.weight)  # tied
+    _linear(spec.decoder.projection, model.embedding.weight, model.embedding.bias)  # tied
     for layer_spec, layer in zip(spec.encoder.layer, enc, strict=True):
-        _linear(layer_spec.self_attention.linear[0], layer.self_attn.attn.proj.weight)  # q;k;v
-        _linear(layer_spec.self_attention.linear[1], _out_projection(layer.self_attn))
+        proj = layer.self_attn.attn.proj  # q; k; v
+        _linear(layer_spec.self_attention.linear[0], proj.weight, proj.bias)
+        _linear(
+            layer_spec.self_attention.linear[1],
+            _out_projection(layer.self_attn),
+            layer.self_attn.out_bias,
+        )
         _norm(layer_spec.self_attention.layer_norm, layer.self_attn_res.norm)
         _linear(layer_spec.ffn.linear_0, layer.ffn.fc1.weight, layer.ffn.fc1.bias)
         _linear(layer_spec.ffn.linear_1, layer.ffn.fc2.weight, layer.ffn.fc2.bias)
         _norm(layer_spec.ffn.layer_norm, layer.ffn_res.norm)
     for layer_spec, layer in zip(spec.decoder.layer, dec, strict=True):
-        _linear(layer_spec.self_attention.linear[0], layer.self_attn.attn.proj.weight)
-        _linear(layer_spec.self_attention.linear[1], _out_projection(layer.self_attn))
+        proj = layer.self_attn.attn.proj
+        _linear(layer_spec.self_attention.linear[0], proj.weight, proj.bias)
+        _linear(
+            layer_spec.self_attention.linear[1],
+            _out_projection(layer.self_attn),
+            layer.self_attn.out_bias,
+        )
         _norm(layer_spec.self_attention.layer_norm, layer.self_attn_res.norm)
-        cross = layer.cross_attn.attn.proj.weight  # [3D, D]: q; k; v
-        _linear(layer_spec.attention.linear[0], cross[:d])
-        _linear(layer_spec.attention.linear[1], cross[d:])  # k; v fused, CTranslate2's order
-        _linear(layer_spec.attention.linear[2], _out_projection(layer.cross_attn))
+        cross, bias = layer.cross_attn.attn.proj.weight, layer.cross_attn.attn.proj.bias
+        _linear(layer_spec.attention.linear[0], cross[:d], None if bias is None else bias[:d])
+        # k; v fused, CTranslate2's order
+        _linear(layer_spec.attention.linear[1], cross[d:], None if bias is None else bias[d:])
+        _linear(
+            layer_spec.attention.linear[2],
+            _out_projection(layer.cross_attn),
+            layer.cross_attn.out_bias,
+        )
         _norm(layer_spec.attention.layer_norm, layer.cross_attn_res.norm)
         _linear(layer_spec.ffn.linear_0, layer.ffn.fc1.weight, layer.ffn.fc1.bias)
         _linear(layer_spec.ffn.linear_1, layer.ffn.fc2.weight, layer.ffn.fc2.bias)

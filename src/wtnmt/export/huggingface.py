@@ -9,7 +9,8 @@ Every difference is mapped exactly:
   stream, the embeddings and the layer norms, by the same permutation. A layer norm's mean and
   variance do not depend on the order, nor does a product over the hidden dimension, so the
   network computes the same function up to the order of float32 sums.
-- wtnmt's attention projections have no biases: Marian's are zero. ``final_logits_bias``: zero.
+- wtnmt's attention projections have no biases (unless ``model.attention_bias``): Marian's are
+  zero. ``final_logits_bias`` is ``model.output_bias`` where the model has one, else zero.
 - The decoder starts from ``<s>`` (Marian's own models start from ``<pad>``):
   ``decoder_start_token_id`` says so; the source ends with ``</s>`` as Marian's tokenizer
   makes it; ``<pad>`` and ``<s>`` are never generated (``bad_words_ids``), as in wtnmt's search.
@@ -79,7 +80,7 @@ def marian_config(model, config, vocab):  # type: ignore[no-untyped-def]
         decoder_attention_heads=dec[0].self_attn.attn.heads,
         encoder_ffn_dim=enc[0].ffn.fc1.weight.size(0),
         decoder_ffn_dim=dec[0].ffn.fc1.weight.size(0),
-        activation_function="relu",
+        activation_function=m.activation,  # relu or swish
         max_position_embeddings=model.max_positions,
         scale_embedding=True,  # √D
         dropout=m.dropout,
@@ -108,14 +109,16 @@ def marian_state(model) -> dict[str, Tensor]:  # type: ignore[no-untyped-def]
         put(f"{name}.bias", layer_norm.bias[p])
 
     def attention(name: str, sublayer, reading: Tensor | None = None) -> None:  # type: ignore[no-untyped-def]
-        qkv = sublayer.attn.proj.weight  # [3·H·Dk, D]: q; k; v
+        qkv, bias = sublayer.attn.proj.weight, sublayer.attn.proj.bias  # [3·H·Dk, D]: q; k; v
         inner = qkv.size(0) // 3
+        bias = torch.zeros(3 * inner) if bias is None else bias
         for i, part in enumerate(("q_proj", "k_proj", "v_proj")):
             put(f"{name}.{part}.weight", qkv[i * inner : (i + 1) * inner][:, p])
-            put(f"{name}.{part}.bias", torch.zeros(inner))
+            put(f"{name}.{part}.bias", bias[i * inner : (i + 1) * inner])
         h, dk, _ = sublayer.w_out.shape
         put(f"{name}.out_proj.weight", sublayer.w_out.reshape(h * dk, d).t()[p])
-        put(f"{name}.out_proj.bias", torch.zeros(d))
+        out_bias = sublayer.out_bias
+        put(f"{name}.out_proj.bias", torch.zeros(d) if out_bias is None else out_bias[p])
 
     def ffn(name: str, block) -> None:  # type: ignore[no-untyped-def]
         put(f"{name}.fc1.weight", block.fc1.weight[:, p])
@@ -130,7 +133,11 @@ def marian_state(model) -> dict[str, Tensor]:  # type: ignore[no-untyped-def]
     put("model.encoder.embed_tokens.weight", source)
     put("model.decoder.embed_tokens.weight", target)
     put("lm_head.weight", target)
-    put("final_logits_bias", torch.zeros(1, target.size(0)))
+    logits_bias = model.embedding.bias
+    put(
+        "final_logits_bias",
+        torch.zeros(1, target.size(0)) if logits_bias is None else logits_bias.view(1, -1),
+    )
     for i, layer in enumerate(model.encoder_layers):
         name = f"model.encoder.layers.{i}"
         attention(f"{name}.self_attn", layer.self_attn)

@@ -7,7 +7,8 @@ transposed views in the conventional ``[B, H, T, Dk]`` layout.
 
 Projections carry no bias, as in tensor2tensor, the code the paper's numbers come from: a bias
 on W^{O_i} would be redundant with the branch FFN's b1_i, and leaving it out of both models
-keeps the Transformer and the Weighted Transformer at the same parameter count.
+keeps the Transformer and the Weighted Transformer at the same parameter count. A Transformer
+may have them (``model.attention_bias``: Marian's models, `wtnmt import hf`).
 """
 
 from __future__ import annotations
@@ -27,11 +28,15 @@ class HeadProjection(nn.Module):
     """W_i^Q, W_i^K, W_i^V of all heads as one [3·H·Dk, D] matrix (eq. 2 / eq. 5): [3D, D],
     except in a pruned Weighted Transformer, whose sublayers keep H < D/Dk heads."""
 
-    def __init__(self, *, d_model: int, heads: int, head_dim: int | None = None) -> None:
+    def __init__(
+        self, *, d_model: int, heads: int, head_dim: int | None = None, bias: bool = False
+    ) -> None:
         super().__init__()
         self.heads = heads
         width = heads * (head_dim or d_model // heads)  # H·Dk
         self.weight = nn.Parameter(torch.empty(3 * width, d_model))
+        # b^Q; b^K; b^V (model.attention_bias), or none
+        self.bias = nn.Parameter(torch.zeros(3 * width)) if bias else None
         self._qkv, self._q, self._kv = PackedLinear(), PackedLinear(), PackedLinear()
         for block in self.weight.view(3, width, d_model):
             nn.init.xavier_uniform_(block)
@@ -46,16 +51,18 @@ class HeadProjection(nn.Module):
 
     def self_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x: [B, T, D] → q, k, v each [H, B, T, Dk], in one matmul."""
-        q, k, v = self._split(self._qkv(x, self.weight), 3)
+        q, k, v = self._split(self._qkv(x, self.weight, self.bias), 3)
         return q, k, v
 
     def queries(self, x: Tensor) -> Tensor:
         d = self.weight.size(0) // 3  # H·Dk
-        return self._split(self._q(x, self.weight[:d]), 1)[0]  # [H, B, T, Dk]
+        bias = None if self.bias is None else self.bias[:d]
+        return self._split(self._q(x, self.weight[:d], bias), 1)[0]  # [H, B, T, Dk]
 
     def keys_values(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         d = self.weight.size(0) // 3
-        k, v = self._split(self._kv(memory, self.weight[d:]), 2)  # [H, B, S, Dk] each
+        bias = None if self.bias is None else self.bias[d:]
+        k, v = self._split(self._kv(memory, self.weight[d:], bias), 2)  # [H, B, S, Dk] each
         return k, v
 
 
@@ -75,6 +82,7 @@ class HeadAttention(nn.Module):
         causal: bool,
         cross: bool = False,
         head_dim: int | None = None,
+        bias: bool = False,
     ) -> None:
         super().__init__()
         self.heads = heads
@@ -83,7 +91,7 @@ class HeadAttention(nn.Module):
         # step-wise; otherwise a memory passed in is what makes attention cross-attention
         self.cross = cross
         self.dropout = dropout
-        self.proj = HeadProjection(d_model=d_model, heads=heads, head_dim=head_dim)
+        self.proj = HeadProjection(d_model=d_model, heads=heads, head_dim=head_dim, bias=bias)
 
     def forward(
         self,
@@ -131,13 +139,18 @@ class HeadAttention(nn.Module):
         return heads, internals
 
 
-def merge_heads(heads: Tensor, w_out: Tensor, linear: PackedLinear | None = None) -> Tensor:
-    """Σ_h head_h · W^{O_h} = Concat(heads)·W^O (eq. 3).  heads [H,B,T,Dk], w_out [H,Dk,D].
-    ``linear``: the PackedLinear to multiply with when w_out is a parameter."""
+def merge_heads(
+    heads: Tensor, w_out: Tensor, linear: PackedLinear | None = None, bias: Tensor | None = None
+) -> Tensor:
+    """Σ_h head_h · W^{O_h} = Concat(heads)·W^O (eq. 3) (+ ``bias``).  heads [H,B,T,Dk],
+    w_out [H,Dk,D]. ``linear``: the PackedLinear to multiply with when w_out is a parameter."""
     h, b, t, dk = heads.shape
     concat = heads.permute(1, 2, 0, 3).reshape(b * t, h * dk)  # [BT, D]
     w = w_out.reshape(h * dk, -1)  # [D, D]
-    out = concat @ w if linear is None else linear(concat, w.t())
+    if linear is not None:
+        out = linear(concat, w.t(), bias)
+    else:
+        out = concat @ w if bias is None else torch.addmm(bias, concat, w)
     return out.view(b, t, -1)  # [B, T, D]
 
 
@@ -152,14 +165,22 @@ class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1 … head_H)·W^O (eq. 2–3)."""
 
     def __init__(
-        self, *, d_model: int, heads: int, dropout: float, causal: bool, cross: bool = False
+        self,
+        *,
+        d_model: int,
+        heads: int,
+        dropout: float,
+        causal: bool,
+        cross: bool = False,
+        bias: bool = False,
     ) -> None:
         super().__init__()
         self.attn = HeadAttention(
-            d_model=d_model, heads=heads, dropout=dropout, causal=causal, cross=cross
+            d_model=d_model, heads=heads, dropout=dropout, causal=causal, cross=cross, bias=bias
         )
         self.w_out = nn.Parameter(torch.empty(heads, d_model // heads, d_model))  # W^O split
         init_out_projection(self.w_out)
+        self.out_bias = nn.Parameter(torch.zeros(d_model)) if bias else None  # b^O
         self._out = PackedLinear()
 
     def packed_linears(self) -> tuple[PackedLinear, ...]:
@@ -182,4 +203,5 @@ class MultiHeadAttention(nn.Module):
         heads, internals = self.attn(
             x, memory, key_pad=key_pad, cache=cache, need_internals=need_internals
         )
-        return AttentionOutput(out=merge_heads(heads, self.w_out, self._out), internals=internals)
+        out = merge_heads(heads, self.w_out, self._out, self.out_bias)
+        return AttentionOutput(out=out, internals=internals)

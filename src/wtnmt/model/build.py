@@ -38,10 +38,16 @@ def build_model(
             dropout=c.attention_dropout,
             causal=causal,
             cross=cross,
+            bias=c.attention_bias,
         )
 
     def ffn() -> nn.Module:
-        return FeedForward(d_model=c.d_model, d_ff=c.d_ff, activation_dropout=c.activation_dropout)
+        return FeedForward(
+            d_model=c.d_model,
+            d_ff=c.d_ff,
+            activation_dropout=c.activation_dropout,
+            activation=c.activation,
+        )
 
     def branched_sublayer(*, layer: int, cross: bool = False) -> nn.Module:
         return BranchedAttention(
@@ -102,7 +108,9 @@ def build_model(
             dropout=c.transparent_dropout,
         )
     model = Seq2Seq(
-        embedding=TokenEmbedding(vocab_size=vocab_size, d_model=c.d_model, pad_id=pad_id),
+        embedding=TokenEmbedding(
+            vocab_size=vocab_size, d_model=c.d_model, pad_id=pad_id, output_bias=c.output_bias
+        ),
         source_embedding=None
         if source_vocab_size is None
         else TokenEmbedding(vocab_size=source_vocab_size, d_model=c.d_model, pad_id=pad_id),

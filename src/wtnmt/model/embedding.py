@@ -14,9 +14,13 @@ class TokenEmbedding(nn.Module):
     """One [V, D] matrix for source and target embeddings and the output projection (tied),
     embeddings scaled by √D (Vaswani et al. §3.4)."""
 
-    def __init__(self, *, vocab_size: int, d_model: int, pad_id: int) -> None:
+    def __init__(
+        self, *, vocab_size: int, d_model: int, pad_id: int, output_bias: bool = False
+    ) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
+        # a bias on the logits (model.output_bias: Marian's final_logits_bias), or none
+        self.bias = nn.Parameter(torch.zeros(vocab_size)) if output_bias else None
         self.scale = math.sqrt(d_model)
         self.pad_id = pad_id
         # N(0, D^-1/2): the scaled embedding then has unit variance, as the positions do
@@ -33,7 +37,7 @@ class TokenEmbedding(nn.Module):
         return nn.functional.embedding(tokens, self.weight, self.pad_id) * self.scale
 
     def logits(self, x: Tensor) -> Tensor:
-        return self._output(x, self.weight)  # x·Eᵀ: [..., D] → [..., V]
+        return self._output(x, self.weight, self.bias)  # x·Eᵀ (+ b): [..., D] → [..., V]
 
 
 def sinusoid_table(length: int, d_model: int) -> Tensor:

@@ -14,22 +14,32 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from wtnmt.model.cache import LayerCache
-from wtnmt.model.dropout import relu_dropout, residual_dropout
+from wtnmt.model.dropout import dropout, relu_dropout, residual_dropout
 from wtnmt.model.outputs import AttentionInternals, AttentionOutput
 from wtnmt.model.packed import PackedLinear
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2 (eq. 4)."""
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (eq. 4); with ``activation="swish"``,
+    swish(x W1 + b1) W2 + b2, swish(h) = h·σ(h) (Marian's)."""
 
-    def __init__(self, *, d_model: int, d_ff: int, activation_dropout: float) -> None:
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        d_ff: int,
+        activation_dropout: float,
+        activation: Literal["relu", "swish"] = "relu",
+    ) -> None:
         super().__init__()
         self.fc1 = nn.Linear(d_model, d_ff)
         self.fc2 = nn.Linear(d_ff, d_model)
         self.activation_dropout = activation_dropout
+        self.swish = activation == "swish"
         for fc in (self.fc1, self.fc2):
             nn.init.xavier_uniform_(fc.weight)
             nn.init.zeros_(fc.bias)
@@ -44,7 +54,10 @@ class FeedForward(nn.Module):
         # in-place ReLU on a view would cost two copies of the hidden layer in the backward
         flat = x.reshape(-1, x.size(-1))
         h = self._fc1(flat, self.fc1.weight, self.fc1.bias)
-        h = relu_dropout(h, self.activation_dropout, self.training)
+        if self.swish:
+            h = dropout(F.silu(h), self.activation_dropout, self.training)
+        else:
+            h = relu_dropout(h, self.activation_dropout, self.training)
         return self._fc2(h, self.fc2.weight, self.fc2.bias).view(*x.shape[:-1], -1)
 
 

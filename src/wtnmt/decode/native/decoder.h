@@ -19,6 +19,7 @@ namespace wtnmt_native {
 // One decoder layer's weights and shapes.
 struct Layer {
   int cross_kind = 0;  // 0 multi-head + FFN, 1 branched (split FFNs), 2 branched (shared FFN)
+  bool swish = false;  // the FFN's activation: swish (model.activation), else ReLU
   int64_t self_heads = 0, self_dk = 0, cross_heads = 0, cross_dk = 0;  // (cross: branches kept)
   // self_out: W^O packed, or the weighted self-attention's Σ α_i κ_i W^{O_i} (a matmul);
   // cross_out: W^O, or the branched sublayer's tail
@@ -178,7 +179,8 @@ class Decoder {
       }
       if (l.cross_kind == 0) {  // the Transformer's FFN sublayer
         Tensor h = pre_norm_ ? norm(x, l.norms[4], l.norms[5]) : x;
-        Tensor hid = apply(l.fc1, h.reshape({n, d})).relu_();
+        Tensor hid = apply(l.fc1, h.reshape({n, d}));
+        hid = l.swish ? at::silu_(hid) : hid.relu_();
         Tensor out = apply(l.fc2, hid).view({n, 1, -1});
         x = residual(x, out, l.norms[4], l.norms[5]);
       }

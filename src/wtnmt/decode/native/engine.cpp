@@ -249,9 +249,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Layer>(m, "Layer")
       .def(py::init([](int cross_kind, int64_t self_heads, int64_t self_dk, int64_t cross_heads,
                        int64_t cross_dk, std::vector<Product> products, std::vector<Tensor> norms,
-                       std::vector<Tensor> branched) {
+                       std::vector<Tensor> branched, bool swish) {
         Layer l;
         l.cross_kind = cross_kind;
+        l.swish = swish;
         l.self_heads = self_heads;
         l.self_dk = self_dk;
         l.cross_heads = cross_heads;

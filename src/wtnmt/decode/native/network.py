@@ -176,9 +176,9 @@ class NativeEngine:
             s_heads = self_attn.attn.heads
             s_dk = proj.weight.size(0) // 3 // s_heads
             w_out = self_attn.w_out.reshape(s_heads * s_dk, -1)
-            qkv = self._product(proj._qkv, proj.weight, None, rows)
+            qkv = self._product(proj._qkv, proj.weight, proj.bias, rows)
             if isinstance(self_attn, MultiHeadAttention):
-                self_out = self._product(self_attn._out, w_out.t(), None, rows)
+                self_out = self._product(self_attn._out, w_out.t(), self_attn.out_bias, rows)
             else:  # weighted: Σ α_i κ_i head_i W^{O_i}, a plain matmul as merge_heads makes it
                 kappa, alpha = self_attn.branch_weights()
                 w = ((alpha * kappa)[:, None, None] * self_attn.w_out).reshape(s_heads * s_dk, -1)
@@ -186,7 +186,8 @@ class NativeEngine:
             c_proj = cross.attn.proj
             c_heads = cross.attn.heads
             c_dk = c_proj.weight.size(0) // 3 // c_heads
-            cross_q = self._product(c_proj._q, c_proj.weight[: c_heads * c_dk], None, rows)
+            q_bias = None if c_proj.bias is None else c_proj.bias[: c_heads * c_dk]
+            cross_q = self._product(c_proj._q, c_proj.weight[: c_heads * c_dk], q_bias, rows)
             none = ext.Product(MATMUL, empty, None, None)
             norms = [
                 p.detach()
@@ -213,17 +214,20 @@ class NativeEngine:
                     qkv,
                     self_out,
                     cross_q,
-                    self._product(cross._out, c_out.t(), None, rows),
+                    self._product(cross._out, c_out.t(), cross.out_bias, rows),
                     self._product(ffn._fc1, ffn.fc1.weight, ffn.fc1.bias, rows),
                     self._product(ffn._fc2, ffn.fc2.weight, ffn.fc2.bias, rows),
                 ]
                 kind, branched = 0, [empty, empty, empty]
                 norms += [layer.ffn_res.norm.weight.detach(), layer.ffn_res.norm.bias.detach()]
-            layers.append(ext.Layer(kind, s_heads, s_dk, c_heads, c_dk, products, norms, branched))
+            swish = layer.ffn is not None and layer.ffn.swish
+            layers.append(
+                ext.Layer(kind, s_heads, s_dk, c_heads, c_dk, products, norms, branched, swish)
+            )
         final = model.decoder_norm
         final_norm = [] if final is None else [final.weight.detach(), final.bias.detach()]
         embedding = model.embedding
-        output = self._product(embedding._output, embedding.weight, None, rows)
+        output = self._product(embedding._output, embedding.weight, embedding.bias, rows)
         return ext.Decoder(
             embedding.weight.detach(),
             float(embedding.scale),
