@@ -16,7 +16,7 @@ import torch
 
 pytest.importorskip("transformers", reason="import hf needs transformers (pip install 'wtnmt[hf]')")
 
-from helpers import sentence, translate
+from helpers import one_line, sentence, tiny_run_config, translate, write_pairs
 from wtnmt import Translator
 from wtnmt.cli import main as cli
 from wtnmt.decode.search import search_batch
@@ -217,3 +217,91 @@ def test_every_engine_translates_as_generate_greedy_and_beam(imported, engine):
             )
             assert t.pieces([*found.tokens, EOS]) == got, (text, alpha)
     assert any(len(s.split()) > 1 for s in t.translate(SENTENCES))  # (not degenerate)
+
+
+def test_the_imported_run_evaluates_serves_and_refuses_pruning(imported, tmp_path, capsys):
+    from fastapi.testclient import TestClient
+
+    from wtnmt.serve.app import create_app
+    from wtnmt.serve.settings import ServeSettings
+
+    _, run = imported
+    src, ref = write_pairs(tmp_path, "test", SENTENCES)
+    assert cli(["evaluate", str(run), "--src", str(src), "--ref", str(ref), "--beam", "2"]) == 0
+    assert "BLEU" in capsys.readouterr().out
+    t = Translator.load(run)
+    with TestClient(create_app(t, ServeSettings())) as client:
+        got = client.post("/v1/translate", json={"text": SENTENCES[:3], "beam": 2}).json()
+    assert got == {"translations": t.translate(SENTENCES[:3], beam=2)}
+    assert cli(["prune", str(run), "--out", str(tmp_path / "pruned"), "--keep", "1"]) == 2
+    one_line(capsys, "prune", str(run), "has no branches")
+    assert not (tmp_path / "pruned").exists()
+
+
+def test_a_fine_tune_starts_from_the_imported_weights(imported, tmp_path):
+    """`train.init_from: RUN` with the run's model section: its weights, a fresh optimizer."""
+    import yaml
+
+    from wtnmt.config import config_from_dict, config_to_dict
+    from wtnmt.rundir.files import read_weights
+    from wtnmt.train import Trainer
+
+    _, run = imported
+    values = config_to_dict(tiny_run_config(tmp_path, n_train=60))
+    imported_config = yaml.safe_load((run / "config.yaml").read_text())
+    values["model"] = imported_config["model"]
+    for key in ("joint_vocab", "max_tokens_per_side"):
+        values["data"][key] = imported_config["data"][key]
+    values["train"].update(init_from=str(run), max_steps=6, valid_every=3, warmup=2)
+    config = config_from_dict(values)
+    trainer = Trainer(config, tmp_path / "tuned", log_to_stderr=False)
+    weights = read_weights(run / "model.safetensors")
+    for name, tensor in trainer.model.state_dict().items():
+        assert torch.equal(tensor, weights[name]), name
+    state = trainer.run()
+    assert state.step == 6
+    tuned = Translator.load(tmp_path / "tuned")
+    assert tuned.translate(SENTENCES[:2])  # (it decodes; its weights moved)
+    after = read_weights(tmp_path / "tuned" / "model.safetensors")
+    assert not torch.equal(after["embedding.bias"], weights["embedding.bias"])
+
+
+def test_export_hf_of_the_imported_run_is_marians_model_again(imported, tmp_path):
+    """The way back: `wtnmt export hf` writes a Marian folder (biases, swish, the logits'
+    bias) that generates the original folder's tokens."""
+    folder, run = imported
+    tokenizer, hf = _loaded(folder)
+    assert cli(["export", "hf", str(run), "--out", str(tmp_path / "back")]) == 0
+    again_tokenizer, again = _loaded(tmp_path / "back")
+    assert again.config.activation_function == "swish"
+    for text in SENTENCES[:8]:
+        for beams in (1, 4):
+            want = _generated(hf, tokenizer, text, num_beams=beams, early_stopping=True)
+            got = _generated(again, again_tokenizer, text, num_beams=beams, early_stopping=True)
+            assert got == want, (text, beams)
+
+
+def test_what_cannot_be_imported_is_one_line_and_writes_nothing(imported, tmp_path, capsys):
+    folder, _ = imported
+    out = tmp_path / "run"
+    other = tmp_path / "bart"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "bart"}))
+    assert cli(["import", "hf", str(other), "--out", str(out)]) == 2
+    one_line(capsys, "import", "model_type 'bart'", "Marian")
+    assert cli(["import", "hf", str(tmp_path / "nowhere"), "--out", str(out)]) == 2
+    one_line(capsys, "import", "nowhere", "no such directory")
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    assert cli(["import", "hf", str(folder), "--out", str(taken)]) == 2
+    one_line(capsys, "import", str(taken), "not an empty directory")
+    assert [p.name for p in taken.iterdir()] == ["notes.txt"]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in folder.iterdir():
+        if f.name != "vocab.json":
+            (broken / f.name).write_bytes(f.read_bytes())
+    assert cli(["import", "hf", str(broken), "--out", str(out)]) == 2
+    one_line(capsys, "import", "no vocab.json")
+    assert not out.exists() and not list(tmp_path.glob(".run.*"))

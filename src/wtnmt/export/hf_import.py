@@ -71,8 +71,8 @@ def _refusals(hf: Any) -> list[str]:
     return found
 
 
-def _load_marian(folder: Path):  # type: ignore[no-untyped-def]
-    """The folder's ``MarianMTModel`` (its weights in whichever file transformers reads)."""
+def _check_kind(folder: Path) -> Path:
+    """The folder's config.json, of a Marian model: a CheckpointError otherwise."""
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise CheckpointError(f"{folder}: no config.json there; is it a Hugging Face model folder?")
@@ -85,15 +85,28 @@ def _load_marian(folder: Path):  # type: ignore[no-untyped-def]
             f"{config_file}: model_type {kind!r}; wtnmt imports Marian models (model_type "
             f"'marian', MarianMTModel: OPUS-MT's and `wtnmt export hf`'s)"
         )
+    return config_file
+
+
+def _load_marian(folder: Path):  # type: ignore[no-untyped-def]
+    """The folder's ``MarianMTModel`` (its weights in whichever file transformers reads)."""
+    config_file = folder / "config.json"
     try:
         from transformers import MarianMTModel
     except ImportError:
         raise CheckpointError("import hf needs transformers: pip install 'wtnmt[hf]'") from None
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # (its bar of the weights loaded: one line is ours)
     try:
         model = MarianMTModel.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{folder}: transformers cannot load its model ({first})") from None
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
     refused = _refusals(model.config)
     if refused:
         raise CheckpointError(f"{config_file}: {'; '.join(refused)}: wtnmt cannot express it")
@@ -276,8 +289,9 @@ def import_hf(
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: no such directory")
     check_new_or_empty(out)
-    marian = _load_marian(folder)
+    _check_kind(folder)
     settings, source_table, target_table = _tokenizer_files(folder)
+    marian = _load_marian(folder)
     langs = _languages(folder, settings, (src_lang, tgt_lang))
     c = marian.config
     sizes = (c.vocab_size, c.decoder_vocab_size or c.vocab_size)
