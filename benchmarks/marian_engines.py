@@ -109,6 +109,7 @@ def marian_folder(folder: Path, words: list[str]) -> None:
             if name.endswith("bias"):
                 p.normal_(0, 0.02)
         model.final_logits_bias.normal_(0, 0.1)
+        model.model.shared.weight[pad] = 0.0  # as OPUS-MT's conversion from Marian has it
     model.save_pretrained(str(folder))
     generation = GenerationConfig(
         num_beams=4,
@@ -161,11 +162,11 @@ class Engines:
             str(self.ct2_dir / quantization), device="cpu", inter_threads=1,
             intra_threads=threads))  # fmt: skip
 
-    def generate(self, precision: str, beam: int) -> list[list[int]]:
+    def generate(self, precision: str, beam: int, batches: int | None = None) -> list[list[int]]:
         import torch
 
         model, out = self.hf[precision], []
-        for ids in self.hf_ids:
+        for ids in self.hf_ids[:batches]:
             width = max(map(len, ids))
             x = torch.tensor([s + [self.pad] * (width - len(s)) for s in ids])
             with torch.inference_mode():
@@ -175,22 +176,22 @@ class Engines:
             out += [row[1:] for row in found.tolist()]
         return out
 
-    def native(self, precision: str, beam: int) -> list[list[int]]:
+    def native(self, precision: str, beam: int, batches: int | None = None) -> list[list[int]]:
         import torch
 
         from wtnmt.decode.search import search_batch
 
         t, out = self.wtnmt["int8" if precision == "int8" else "none"], []
-        for ids in self.wt_ids:
+        for ids in self.wt_ids[:batches]:
             width = max(map(len, ids))
             x = torch.tensor([s + [0] * (width - len(s)) for s in ids])
             found = search_batch(t.network, x, beam=beam, min_len=LENGTH, max_len=LENGTH)
             out += [h[0].tokens for h in found]
         return out
 
-    def ctranslate2(self, precision: str, beam: int) -> list[list[str]]:
+    def ctranslate2(self, precision: str, beam: int, batches: int | None = None) -> list[list[str]]:
         t, out = self.ct2["t"], []
-        for batch in self.batches:
+        for batch in self.batches[:batches]:
             results = t.translate_batch([[*s, "</s>"] for s in batch], beam_size=beam,
                                         min_decoding_length=LENGTH,
                                         max_decoding_length=LENGTH)  # fmt: skip
@@ -206,8 +207,15 @@ def main() -> int:
     add_record_argument(parser)
     args = parser.parse_args()
 
+    import warnings
+
     import torch
     from ctranslate2.converters import TransformersConverter
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # (generate's notes on max_length, once a batch)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*")
 
     from wtnmt.export.hf_import import import_hf
     from wtnmt.runtime import machine_line
@@ -247,6 +255,8 @@ def main() -> int:
             for beam in (1, 5):
                 times: dict[str, list[float]] = {"native": [], "generate": [], "ctranslate2": []}
                 names = list(times)
+                for name in names:  # warm-up: packed weights, caches, threads
+                    getattr(engines, name)(precision, beam, batches=1)
                 for r in range(args.rounds):
                     for name in names[r % 3 :] + names[: r % 3]:
                         time.sleep(0.5)

@@ -16,7 +16,7 @@ import torch
 
 pytest.importorskip("transformers", reason="import hf needs transformers (pip install 'wtnmt[hf]')")
 
-from helpers import one_line, sentence, tiny_run_config, translate, write_pairs
+from helpers import one_line, sentence, translate, write_pairs
 from wtnmt import Translator
 from wtnmt.cli import main as cli
 from wtnmt.decode.search import search_batch
@@ -141,6 +141,8 @@ def _marian(tmp, layout: str):  # type: ignore[no-untyped-def]
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+    with torch.no_grad():  # as OPUS-MT's conversion from Marian leaves it (tying trained it)
+        model.get_output_embeddings().weight[target["<pad>"]] = 0.0
     model.eval().save_pretrained(str(folder))
     tokenizer.save_pretrained(str(folder))
     GenerationConfig(
@@ -239,21 +241,23 @@ def test_the_imported_run_evaluates_serves_and_refuses_pruning(imported, tmp_pat
 
 
 def test_a_fine_tune_starts_from_the_imported_weights(imported, tmp_path):
-    """`train.init_from: RUN` with the run's model section: its weights, a fresh optimizer."""
-    import yaml
-
-    from wtnmt.config import config_from_dict, config_to_dict
+    """README's recipe: `base:` the run's config, `train.init_from: RUN`, one's own files."""
+    from wtnmt.config import load_config
     from wtnmt.rundir.files import read_weights
     from wtnmt.train import Trainer
 
     _, run = imported
-    values = config_to_dict(tiny_run_config(tmp_path, n_train=60))
-    imported_config = yaml.safe_load((run / "config.yaml").read_text())
-    values["model"] = imported_config["model"]
-    for key in ("joint_vocab", "max_tokens_per_side"):
-        values["data"][key] = imported_config["data"][key]
-    values["train"].update(init_from=str(run), max_steps=6, valid_every=3, warmup=2)
-    config = config_from_dict(values)
+    train = write_pairs(tmp_path, "domain", [sentence(60_000 + i, 3 + i % 4) for i in range(60)])
+    valid = write_pairs(tmp_path, "dev", SENTENCES[:6])
+    (tmp_path / "domain.yaml").write_text(  # README's recipe
+        f"base: {run / 'config.yaml'}\n"
+        f"train: {{init_from: {run}, max_steps: 6, valid_every: 3, warmup: 2, "
+        f"max_tokens: 512, threads: 1}}\n"
+        f"data: {{train_src: {train[0]}, train_tgt: {train[1]}, valid_src: {valid[0]}, "
+        f"valid_tgt: {valid[1]}, test_src: {valid[0]}, test_tgt: {valid[1]}, "
+        f"prepared_dir: {tmp_path / 'prepared'}}}\n"
+    )
+    config = load_config(tmp_path / "domain.yaml")
     trainer = Trainer(config, tmp_path / "tuned", log_to_stderr=False)
     weights = read_weights(run / "model.safetensors")
     for name, tensor in trainer.model.state_dict().items():
@@ -305,3 +309,35 @@ def test_what_cannot_be_imported_is_one_line_and_writes_nothing(imported, tmp_pa
     assert cli(["import", "hf", str(broken), "--out", str(out)]) == 2
     one_line(capsys, "import", "no vocab.json")
     assert not out.exists() and not list(tmp_path.glob(".run.*"))
+
+
+def test_ctranslate2s_own_conversion_of_the_folder_translates_as_the_import(imported, tmp_path):
+    """An independent path to the same network: CTranslate2's converter of the Marian folder,
+    fed Marian's pieces, finds the imported run's greedy tokens. (Its beam search may rank
+    otherwise: the converter drops ``<pad>`` from the vocabulary, so its log-probabilities are
+    normalised without the share Marian's and wtnmt's softmax give ``<pad>``.)"""
+    ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed")
+    folder, run = imported
+    converter = ctranslate2.converters.TransformersConverter(str(folder))
+    converter.convert(str(tmp_path / "ct2"))
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
+    tokenizer, _ = _loaded(folder)
+    t = Translator.load(run, engine="native")
+    table = json.loads((folder / "vocab.json").read_text())
+    by_id = {i: piece for piece, i in table.items()}
+    target = {}  # CTranslate2's converter names separate targets' ids with vocab.json's pieces
+    if (folder / "target_vocab.json").is_file():
+        theirs = json.loads((folder / "target_vocab.json").read_text())
+        target = {piece: {i: p for p, i in theirs.items()}[i] for piece, i in table.items()}
+    for text, ids in zip(SENTENCES, t.encode(SENTENCES), strict=True):
+        pieces = [by_id[i] for i in tokenizer([text]).input_ids[0]]  # with its </s>
+        found = translator.translate_batch(
+            [pieces],
+            beam_size=1,
+            max_decoding_length=LIMIT,
+            length_penalty=0,
+            min_decoding_length=0,  # (CTranslate2's default 1 forbids an empty output)
+        )[0].hypotheses[0]
+        ours = search_batch(t.network, torch.tensor([[*ids, EOS]]), beam=1,
+                            max_len=LIMIT)[0][0]  # fmt: skip
+        assert t.pieces(ours.tokens) == [target.get(p, p) for p in found], text

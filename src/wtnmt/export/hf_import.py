@@ -232,9 +232,10 @@ def _config(marian, settings: dict[str, Any], joint: bool, sizes, langs, generat
         "attention_bias": True,
         "output_bias": True,
     }
-    data = {
+    data = {  # (a fine-tune's config names its own files over these: README, "fine-tune")
         "corpus": None,
-        "train_tsv": "(imported: see imported.json)",
+        "train_src": "IMPORTED-give-data.train_src",
+        "train_tgt": "IMPORTED-give-data.train_tgt",
         "src_lang": langs[0],
         "tgt_lang": langs[1],
         "joint_vocab": joint,
