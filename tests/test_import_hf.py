@@ -341,3 +341,23 @@ def test_ctranslate2s_own_conversion_of_the_folder_translates_as_the_import(impo
         ours = search_batch(t.network, torch.tensor([[*ids, EOS]]), beam=1,
                             max_len=LIMIT)[0][0]  # fmt: skip
         assert t.pieces(ours.tokens) == [target.get(p, p) for p in found], text
+
+
+def test_the_imported_run_exports_to_ctranslate2_and_translates_the_same(imported, tmp_path):
+    """`wtnmt export ctranslate2` maps the biases, swish and the logits' bias too."""
+    ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed")
+    _, run = imported
+    out = tmp_path / "ct2"
+    assert cli(["export", "ctranslate2", str(run), "--out", str(out)]) == 0
+    translator = ctranslate2.Translator(str(out), device="cpu")
+    t = Translator.load(run)
+    for ids in t.encode(SENTENCES):
+        found = translator.translate_batch(
+            [t.pieces(ids, source=True)],
+            beam_size=1,
+            max_decoding_length=LIMIT,
+            min_decoding_length=0,
+            suppress_sequences=[["<pad>"], ["<s>"]],
+        )[0].hypotheses[0]
+        ours = search_batch(t.model, torch.tensor([[*ids, EOS]]), beam=1, max_len=LIMIT)[0][0]
+        assert t.pieces(ours.tokens) == found
