@@ -4,7 +4,7 @@ plain `torch.nn.Transformer` of the same shape and recipe (the floor), on the da
 of ../shared/bench/PEERS.md, and the peak memory of each precision.
 
     python benchmarks/train_speed.py [--bench-dir ../shared/bench] [--seconds 120] [--threads 2]
-                                     [--plain-linear]
+                                     [--plain-linear] [--record]
 
 Data: make_synthetic.py's corpus (20,000 pairs, pre-tokenised: its vocab.txt gives the ids,
 no sentencepiece). Model: N=3 D=256 F=1024 H=M=4, dropout 0.1, tied embeddings, label
@@ -22,7 +22,8 @@ second of its own steps, and its ratio to the floor's (PEERS.md: fairseq 1.11× 
 ``--plain-linear`` adds each float32 model once more with ``F.linear`` (MKL) for its linear
 layers instead of oneDNN's products (wtnmt.model.packed.linear), to time that choice alone.
 
-Memory: the Weighted Transformer in each precision and the Transformer train
+bf16 only where the CPU has it natively (AVX512-BF16, AMX). Memory: the Weighted Transformer
+in each precision and the Transformer train
 ``--memory-steps`` steps, each in its own process, started before anything else is built,
 whose peak RSS is reset when it starts training (a forked child otherwise inherits the
 parent's peak). The last line reads
@@ -215,7 +216,7 @@ def alternate(
     with tempfile.TemporaryDirectory() as tmp:
         entries = {"floor fp32": Floor(vocab)}
         for flavour, precision in (("transformer", "fp32"), ("weighted", "fp32"),
-                                   ("weighted", "bf16")):  # fmt: skip
+                                   *([("weighted", "bf16")] if native_bf16() else [])):  # fmt: skip
             entries[f"{flavour} {precision}"] = _trainer(
                 flavour, precision, data, vocab, f"{tmp}/{flavour}-{precision}", threads
             )
@@ -304,6 +305,14 @@ def _peak_rss_kib() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
+def native_bf16() -> bool:
+    """Whether the CPU multiplies bf16 natively (AVX512-BF16 or AMX): elsewhere bf16 autocast is
+    emulated, many times slower than float32, and the bf16 entries are left out."""
+    from wtnmt.runtime import cpu_flags
+
+    return bool({"avx512_bf16", "amx_bf16"} & set(cpu_flags()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
@@ -320,6 +329,10 @@ def main() -> None:
     parser.add_argument(
         "--memory", nargs=2, metavar=("FLAVOUR", "PRECISION"), help=argparse.SUPPRESS
     )
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from records import add_record_argument, keep
+
+    add_record_argument(parser)
     args = parser.parse_args()
     from wtnmt.runtime import machine_line
 
@@ -331,7 +344,8 @@ def main() -> None:
         return
     # memory first: a child's peak RSS counts from its fork, so the parent must still be small
     memory = {}
-    for flavour, precision in (("weighted", "fp32"), ("weighted", "bf16"), ("transformer", "fp32")):
+    kinds = [("weighted", "fp32"), ("weighted", "bf16"), ("transformer", "fp32")]
+    for flavour, precision in [k for k in kinds if k[1] == "fp32" or native_bf16()]:
         out = subprocess.run(
             [sys.executable, __file__, "--bench-dir", str(args.bench_dir), "--work",
              str(args.work), "--memory-steps", str(args.memory_steps), "--memory", flavour,
@@ -352,8 +366,18 @@ def main() -> None:
         + "  ".join(
             f"{name} {rates[name] / floor:.2f}"
             for name in ("weighted fp32", "transformer fp32", "weighted bf16")
+            if name in rates
         )
     )
+    if args.record:
+        rows = []
+        for name, rate in rates.items():
+            kept = memory.get(name)
+            rss = f"{kept['peak_rss_gib']:.2f} GiB" if kept else "–"
+            rows.append([name, f"{rate:,.0f}", f"{rate / floor:.2f}", rss])
+        keep("train-speed", machine=machine_line(args.threads), rows=rows,
+             headers=["model (floor: a plain torch.nn.Transformer loop)", "tgt tok/s", "× floor",
+                      "peak RSS"], note=f"{args.seconds:.0f} s of alternating steps")  # fmt: skip
 
 
 if __name__ == "__main__":
