@@ -25,9 +25,6 @@ huggingface.py's export:
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +40,7 @@ from wtnmt.export.marian_vocab import (
     rewritten_spm,
     spm_pieces,
 )
-from wtnmt.export.plain import check_new_or_empty
+from wtnmt.export.plain import check_new_or_empty, written_whole
 from wtnmt.special import BOS
 
 RECORD = "imported.json"
@@ -342,9 +339,7 @@ def import_hf(
     )
     model.load_state_dict(state)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", dir=out.parent))
-    try:
+    with written_whole(out) as work:
         text = yaml.safe_dump(config_to_dict(config), sort_keys=False, allow_unicode=True)
         atomic_write(work / "config.yaml", MARK + text.encode())
         files = vocabulary_files(joint)
@@ -364,12 +359,6 @@ def import_hf(
         }
         atomic_write(work / RECORD, (json.dumps(record, indent=2) + "\n").encode())
         load_run(work)  # (everything a run's reader checks)
-        if out.is_dir():
-            out.rmdir()  # (empty: checked above)
-        work.rename(out)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
     extra = len(source.extras)
     say(
         f"imported {folder} as {out}: a Transformer of {c.encoder_layers}+{c.decoder_layers} "

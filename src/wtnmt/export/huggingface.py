@@ -32,9 +32,7 @@ transparent attention) has no Marian counterpart: its folder ships wtnmt's own m
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -42,7 +40,7 @@ from torch import Tensor
 
 from wtnmt.data.vocab import vocabulary_files
 from wtnmt.errors import CheckpointError
-from wtnmt.export.plain import check_new_or_empty, departures, pieces
+from wtnmt.export.plain import check_new_or_empty, departures, pieces, written_whole
 from wtnmt.rundir import load_run
 from wtnmt.special import BOS, EOS, PAD
 
@@ -263,9 +261,7 @@ def export_hf(run: str | Path, out: str | Path, *, weights: str = "model.safeten
     from wtnmt.export.model_card import model_card
 
     marian = marian_unsupported(config.model) is None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", dir=out.parent))
-    try:
+    with written_whole(out) as work:
         if marian:
             marian_model(model, config, vocab).save_pretrained(str(work))
         else:
@@ -277,12 +273,6 @@ def export_hf(run: str | Path, out: str | Path, *, weights: str = "model.safeten
             shutil.copyfile(Path(run) / name, work / name)
         card = model_card(Path(run), config, weights, model=model, marian=marian)
         (work / "README.md").write_text(card, encoding="utf-8")
-        if out.is_dir():
-            out.rmdir()  # (empty: checked above)
-        work.rename(out)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
     return out
 
 

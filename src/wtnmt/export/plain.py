@@ -4,6 +4,11 @@ special names, and the new or empty folder they write into."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from wtnmt.errors import CheckpointError
@@ -39,4 +44,20 @@ def check_new_or_empty(out: Path) -> None:
         raise CheckpointError(f"--out {out}: exists and is not an empty directory")
 
 
-__all__ = ["SPECIALS", "check_new_or_empty", "departures", "pieces"]
+@contextlib.contextmanager
+def written_whole(out: Path) -> Iterator[Path]:
+    """A work folder beside ``out`` (new or empty: ``check_new_or_empty``) that becomes ``out``
+    when the block ends, and is removed if it fails: ``out`` is written whole or not at all."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", dir=out.parent))
+    try:
+        yield work
+        if out.is_dir():
+            out.rmdir()  # (empty: checked before)
+        work.rename(out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+__all__ = ["SPECIALS", "check_new_or_empty", "departures", "pieces", "written_whole"]
