@@ -32,7 +32,6 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -40,6 +39,7 @@ import ctranslate2  # before torch (decode_vs_ctranslate2.py)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from records import add_record_argument
+from wtnmt.export.ctranslate2 import _in_helper_thread  # (as ct2_bridge.py)
 
 LENGTH = 24  # output tokens a sentence, forced
 BATCH = 32
@@ -122,14 +122,6 @@ def marian_folder(folder: Path, words: list[str]) -> None:
     generation.save_pretrained(str(folder))
 
 
-def in_helper_thread(work):  # type: ignore[no-untyped-def]
-    box: dict = {}
-    thread = threading.Thread(target=lambda: box.setdefault("value", work()))
-    thread.start()
-    thread.join()
-    return box["value"]
-
-
 class Engines:
     """The three engines on one model, each asked for the same batches."""
 
@@ -158,7 +150,7 @@ class Engines:
 
     def load_ct2(self, quantization: str, threads: int) -> None:
         self.ct2.clear()
-        self.ct2["t"] = in_helper_thread(lambda: ctranslate2.Translator(
+        self.ct2["t"] = _in_helper_thread(lambda: ctranslate2.Translator(
             str(self.ct2_dir / quantization), device="cpu", inter_threads=1,
             intra_threads=threads))  # fmt: skip
 
@@ -227,7 +219,7 @@ def main() -> int:
     marian_folder(folder, [p for s in sentences for p in s])
     import_hf(folder, work / "run", say=lambda m: print(m, flush=True))
     for quantization in ("float32", "int8"):
-        in_helper_thread(lambda q=quantization: TransformersConverter(str(folder)).convert(
+        _in_helper_thread(lambda q=quantization: TransformersConverter(str(folder)).convert(
             str(work / "ct2" / q), quantization=q))  # fmt: skip
     engines = Engines(folder, work / "run", work / "ct2", sentences)
     tokens = sum(len(b) for b in engines.batches) * LENGTH

@@ -25,6 +25,7 @@ huggingface.py's export:
 from __future__ import annotations
 
 import json
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -138,14 +139,13 @@ def _rows(weight: Tensor, bias: Tensor | None, space: MarianVocabulary, p: Tenso
     """The embedding [V_wtnmt, D] (hidden dimensions in wtnmt's order) and output bias of the
     id ``space``, from Marian's ``weight`` [V, D] and ``bias`` [V] (None: zeros). ``<s>`` takes
     the start token's row, an extra ``<unk>``'s, each with that row's bias − ``BELOW``."""
+    never = torch.tensor([i == BOS or row is None for i, row in enumerate(space.rows)])
+    index = torch.tensor([space.unk if row is None else row for row in space.rows])
+    index[BOS] = space.start
     marian = torch.zeros(weight.size(0)) if bias is None else bias.float()
-    rows, out_bias = [], []
-    for i, row in enumerate(space.rows):
-        copied = space.start if i == BOS else space.unk if row is None else row
-        rows.append(copied)
-        never = i == BOS or row is None  # (Marian has no such row to generate)
-        out_bias.append(max(float(marian[copied]) - BELOW, FLOOR) if never else marian[copied])
-    return weight.float()[torch.tensor(rows)][:, p], torch.tensor(out_bias, dtype=torch.float32)
+    out_bias = marian[index]
+    out_bias[never] = (out_bias[never] - BELOW).clamp_min(FLOOR)  # (Marian cannot generate them)
+    return weight.float()[index][:, p], out_bias
 
 
 def wtnmt_state(marian, source: MarianVocabulary, target: MarianVocabulary, joint: bool):  # type: ignore[no-untyped-def]
@@ -208,7 +208,7 @@ def wtnmt_state(marian, source: MarianVocabulary, target: MarianVocabulary, join
     return out
 
 
-def _config(marian, settings: dict[str, Any], joint: bool, sizes, langs, generation):  # type: ignore[no-untyped-def]
+def _config(marian, joint: bool, sizes, langs, generation):  # type: ignore[no-untyped-def]
     """The run's config.yaml (a dict): the model Marian's, the data section a record of where
     it came from (a fine-tune gives its own), the search the folder's generation config's."""
     c = marian.config
@@ -293,30 +293,32 @@ def import_hf(
     langs = _languages(folder, settings, (src_lang, tgt_lang))
     c = marian.config
     sizes = (c.vocab_size, c.decoder_vocab_size or c.vocab_size)
+    shared = source_table is target_table
+    target_file = "vocab.json" if shared else "target_vocab.json"
     for name, table, size in (
         ("vocab.json", source_table, sizes[0]),
-        ("target", target_table, sizes[1]),
+        (target_file, target_table, sizes[1]),
     ):
         if len(table) != size:
             raise CheckpointError(f"{folder}: {name} has {len(table)} pieces, the model {size}")
     src_spm, tgt_spm = (folder / "source.spm").read_bytes(), (folder / "target.spm").read_bytes()
+    found = {}
     for name, data in (("source.spm", src_spm), ("target.spm", tgt_spm)):
         try:
-            spm_pieces(data)
+            found[name] = spm_pieces(data)
         except CheckpointError as e:
             raise CheckpointError(f"{folder / name}: {e}") from None
-    shared = source_table is target_table
     ids = {"pad": c.pad_token_id, "eos": c.eos_token_id, "start": c.decoder_start_token_id}
     if shared:
-        target = source = id_space(source_table, [src_spm], where=str(folder), **ids)
+        target = source = id_space(source_table, found["source.spm"], where=str(folder), **ids)
     else:  # (the source side never starts a decoder: its <s> row is its padding's)
         source = id_space(
             source_table,
-            [src_spm],
+            found["source.spm"],
             where=str(folder / "vocab.json"),
             **{**ids, "start": ids["pad"]},
         )
-        target = id_space(target_table, [], where=str(folder / "target_vocab.json"), **ids)
+        target = id_space(target_table, {}, where=str(folder / target_file), **ids)
     spms = []
     for name, model, space in (("source.spm", src_spm, source), ("target.spm", tgt_spm, target)):
         try:
@@ -329,7 +331,7 @@ def import_hf(
     generation: dict[str, Any] = {}
     if (folder / "generation_config.json").is_file():
         generation = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
-    values = _config(marian, settings, joint, (len(source), len(target)), langs, generation)
+    values = _config(marian, joint, (len(source), len(target)), langs, generation)
     try:
         config = config_from_dict(values)
     except ConfigError as e:
@@ -346,8 +348,6 @@ def import_hf(
         for name, data in zip(files, spms[:1] if joint else spms, strict=True):
             write_vocabulary(work / name, data)
         save_weights(model, work / "model.safetensors", vocabulary=vocabularies_sha256(work, joint))
-        from importlib.metadata import version
-
         record = {
             "imported_from": str(folder.resolve()),
             "format": "marian",

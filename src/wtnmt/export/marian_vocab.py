@@ -71,23 +71,23 @@ def spm_pieces(model: bytes) -> dict[str, tuple[float, int]]:
     """The pieces a SentencePiece model segments into: piece → (score, kind), its
     specials (control, unknown) left out."""
     proto = _proto(model)
-    kinds = type(proto.pieces[0]) if proto.pieces else None
-    skip = () if kinds is None else (kinds.CONTROL, kinds.UNKNOWN)
+    kinds = type(proto.pieces[0])
+    skip = (kinds.CONTROL, kinds.UNKNOWN)
     return {p.piece: (p.score, p.type) for p in proto.pieces if p.type not in skip}
 
 
 def id_space(
     table: dict[str, int],
-    models: list[bytes],
+    source_pieces: dict[str, tuple[float, int]],
     *,
     pad: int,
     eos: int,
     start: int,
     where: str,
 ) -> MarianVocabulary:
-    """wtnmt's ids of the Marian ``table`` (a vocab.json), the pieces of the source's
-    SentencePiece model among ``models`` (none for a target's own table) taken as extras: the
-    order of the module docstring."""
+    """wtnmt's ids of the Marian ``table`` (a vocab.json), with the pieces of the source's
+    SentencePiece model (``source_pieces``, ``spm_pieces``'s; {} for a target's own table)
+    that it lacks as extras: the order of the module docstring."""
     by_id = sorted(table, key=table.__getitem__)
     unk = table.get("<unk>")
     if unk is None:
@@ -102,17 +102,15 @@ def id_space(
         if piece in NAMES.values():
             raise CheckpointError(
                 f"{where}: the vocabulary's piece {piece!r} (id {marian_id}) is not Marian's "
-                f"{'padding, end or unknown'}: wtnmt keeps that name for its own special"
+                f"padding, end or unknown: wtnmt keeps that name for its own special"
             )
         pieces.append(piece)
         rows.append(marian_id)
     known = set(pieces)
-    for model in models:
-        for piece in spm_pieces(model):
-            if piece not in known:
-                known.add(piece)
-                pieces.append(piece)
-                rows.append(None)
+    for piece in source_pieces:
+        if piece not in known:
+            pieces.append(piece)
+            rows.append(None)
     return MarianVocabulary(pieces=pieces, rows=rows, start=start, unk=unk)
 
 
