@@ -2,12 +2,14 @@
 // step (model/transformer.py's decode_step over model/cache.py's buffers), in C++ over the
 // same ATen operators, the same packed float32 and int8 products, in the same order. What
 // leaves Python is the interpreter and its dispatch around ~250 operator calls a step. With
-// ``fused`` off every number is computed as the PyTorch engine computes it; on, attention (with the branched sublayer's first FFN products) runs in attention.h's
-// kernels and greedy's log-softmax and choice of token in search_ops.h's greedy_pick, the
-// same arithmetic up to the order of float32 sums (and the last bits of its exp); and where
-// the CPU has VNNI the int8 products in int8.h's kernel, the same quantisation of the same
-// int8 weights (network.py's own_int8_lanes). The float32 products are oneDNN's or MKL's, as
-// the PyTorch engine's (model/float32_kernels.py).
+// ``fused`` off every number is computed as the PyTorch engine computes it; on, attention
+// (with the branched sublayer's first FFN products) runs in attention.h's kernels, greedy's
+// log-softmax and choice of token in search_ops.h's greedy_pick and beam search's log-softmax
+// and choice of extensions in its beam_pick, the same arithmetic up to the order of float32
+// sums (and the last bits of its exp); and where the CPU has VNNI the int8 products in
+// int8.h's kernel, the same quantisation of the same int8 weights (network.py's
+// own_int8_lanes). The float32 products are oneDNN's or MKL's, as the PyTorch engine's
+// (model/float32_kernels.py).
 //
 // An ensemble's search holds several decoders (decoder.h), each step's distribution
 // decode/ensemble.py's log Σ_m w_m P_m, in the same operators.
@@ -129,12 +131,23 @@ class Engine {
                   .scatter_(1, cols, 0.0)
                   .view({n, group, seen * width});
       }
-      Tensor lprobs = next(prefix.select(1, prefix.size(1) - 1), t, st, own, &path);
-      lprobs = lprobs.view({n, group, -1});
-      constrain(lprobs, t, min_len, forced, pad_, bos_, eos_);
-      if (t < target_prefix.size(1))  // the forced prefix of the sentences still searched
-        force_tokens(lprobs, target_prefix.index_select(0, active).select(1, t), pad_);
-      auto [top, origin, token] = top_extensions(lprobs, scores, 2 * beam);
+      const Tensor last = prefix.select(1, prefix.size(1) - 1);
+      Tensor top, origin, token;
+      Tensor logits;  // (fused, one model, no forced prefix: search_ops.h's beam_pick)
+      if (fused_ && models_.size() == 1 && t >= target_prefix.size(1))
+        logits = models_[0]->step(last, t, st[0], own, &path).to(at::kFloat).contiguous();
+      if (logits.defined() && logits.size(1) > 4 * kBlock) {
+        std::tie(top, origin, token) =
+            beam_pick(logits, scores, t, min_len, forced, pad_, bos_, eos_, 2 * beam);
+      } else {
+        Tensor lprobs = logits.defined() ? at::log_softmax(logits, -1)
+                                         : next(last, t, st, own, &path);
+        lprobs = lprobs.view({n, group, -1});
+        constrain(lprobs, t, min_len, forced, pad_, bos_, eos_);
+        if (t < target_prefix.size(1))  // the forced prefix of the sentences still searched
+          force_tokens(lprobs, target_prefix.index_select(0, active).select(1, t), pad_);
+        std::tie(top, origin, token) = top_extensions(lprobs, scores, 2 * beam);
+      }
       std::optional<Tensor> rows, sentences;
       bool usual = top.size(1) >= beam;
       if (usual) {

@@ -236,6 +236,107 @@ inline bool greedy_pick(Tensor& logits, int64_t t, int64_t min_len, const Tensor
   return true;
 }
 
+// The largest of each kBlock floats of x[0..v) (the last block may be shorter) → out
+template <int W>
+WTNMT_INLINE void block_maxima_impl(const float* x, int64_t v, float* out) {
+  using V = typename Vec<W>::T;
+  const int64_t full = v / kBlock;
+  for (int64_t b = 0; b < full; ++b) {
+    const float* p = x + b * kBlock;
+    V acc = load<W>(p);
+    for (int64_t j = W; j < kBlock; j += W) {
+      const V y = load<W>(p + j);
+      acc = acc > y ? acc : y;
+    }
+    float lanes[W];
+    store<W>(lanes, acc);
+    float m = lanes[0];
+    for (int l = 1; l < W; ++l) m = std::max(m, lanes[l]);
+    out[b] = m;
+  }
+  if (full * kBlock < v) {
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t j = full * kBlock; j < v; ++j) m = std::max(m, x[j]);
+    out[full] = m;
+  }
+}
+
+WTNMT_KERNEL(void, block_maxima, (const float* x, int64_t v, float* out), (x, v, out))
+
+// A step of beam search from the logits [n·G, V] (``fused`` engines, V > 4·kBlock):
+// top_extensions(constrain(log_softmax(logits)), scores, k) without writing the
+// log-probabilities. Each row is read twice (its blocks' maxima, then the log-softmax's
+// denominator) and the ruled-out tokens written −inf in place; the blocks whose best can be
+// among the k best are then read again, log-probabilities (x − max) − log Σ exp(x − max) as
+// at::log_softmax makes them, up to the order of its sum and its exp's last bits. A
+// forced row (its sentence at its length limit) takes EOS at 0, as constrain gives it.
+inline std::tuple<Tensor, Tensor, Tensor> beam_pick(Tensor& logits, const Tensor& scores,
+                                                    int64_t t, int64_t min_len,
+                                                    const std::optional<Tensor>& forced,
+                                                    int64_t pad, int64_t bos, int64_t eos,
+                                                    int64_t k) {
+  const int64_t n = scores.size(0), g = scores.size(1), v = logits.size(1);
+  const int64_t blocks = (v + kBlock - 1) / kBlock;
+  k = std::min(k, g * v);
+  Tensor maxima = at::empty({n * g, blocks}, logits.options());
+  Tensor shift = at::empty({n * g, 2}, logits.options());  // max, log Σ exp(x − max)
+  float* lp = logits.data_ptr<float>();
+  float* bm = maxima.data_ptr<float>();
+  float* sh = shift.data_ptr<float>();
+  Tensor forced_rows = forced ? forced->to(at::kBool).contiguous() : Tensor();
+  const bool* fr = forced ? forced_rows.data_ptr<bool>() : nullptr;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  std::vector<int64_t> ruled = {pad, bos};
+  if (t < min_len) ruled.push_back(eos);
+  at::parallel_for(0, n * g, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* row = lp + r * v;
+      if (fr && fr[r / g]) {  // EOS at 0, nothing else
+        std::fill(row, row + v, ninf);
+        row[eos] = 0.0f;
+        block_maxima(row, v, bm + r * blocks);
+        sh[2 * r] = sh[2 * r + 1] = 0.0f;
+        continue;
+      }
+      float saved[3];
+      for (size_t i = 0; i < ruled.size(); ++i) {
+        saved[i] = row[ruled[i]];
+        row[ruled[i]] = ninf;
+      }
+      block_maxima(row, v, bm + r * blocks);
+      float top = *std::max_element(bm + r * blocks, bm + (r + 1) * blocks);
+      for (size_t i = 0; i < ruled.size(); ++i) top = std::max(top, saved[i]);
+      float sum = exp_sum(row, v, top);
+      for (size_t i = 0; i < ruled.size(); ++i) sum += std::exp(saved[i] - top);
+      sh[2 * r] = top;
+      sh[2 * r + 1] = std::log(sum);
+    }
+  });
+  // log-probabilities and scores as top_extensions adds them: ((x − max) − log Σ) + score
+  auto lift = [&](const Tensor& x, const Tensor& rows) {  // x [n, m], rows [n, m] of n·G
+    Tensor s = shift.index_select(0, rows.reshape({-1})).view({rows.size(0), rows.size(1), 2});
+    Tensor lprobs = (x - s.select(2, 0)) - s.select(2, 1);
+    return lprobs + scores.reshape({-1}).index_select(0, rows.reshape({-1})).view_as(x);
+  };
+  Tensor base = (at::arange(n, scores.options().dtype(at::kLong)) * g).unsqueeze(1);
+  Tensor block_rows = (base.unsqueeze(2) + at::arange(g, base.options()).view({1, g, 1}))
+                          .expand({n, g, blocks})
+                          .reshape({n, -1});
+  Tensor lifted = lift(maxima.view({n, -1}), block_rows);
+  Tensor best = std::get<1>(lifted.topk(std::min(k, lifted.size(1)), 1));
+  Tensor hyp = at::floor_divide(best, blocks);
+  Tensor cols =
+      (at::remainder(best, blocks) * kBlock).unsqueeze(2) + at::arange(kBlock, best.options());
+  Tensor rows = (base + hyp).unsqueeze(2).expand_as(cols);
+  Tensor flat = rows * v + cols.clamp_max(v - 1);
+  Tensor values = logits.view({-1}).index_select(0, flat.reshape({-1})).view({n, -1});
+  values = lift(values, rows.reshape({n, -1})).masked_fill(cols.ge(v).view({n, -1}), kNegInf);
+  auto [top, pos] = values.topk(k, 1);
+  Tensor at_hyp = (hyp.unsqueeze(2).expand_as(cols)).reshape({n, -1}).gather(1, pos);
+  Tensor at_col = cols.clamp_max(v - 1).reshape({n, -1}).gather(1, pos);
+  return {top, at_hyp, at_col};
+}
+
 // decode/selection.py's top_extensions
 inline std::tuple<Tensor, Tensor, Tensor> top_extensions(const Tensor& lprobs, const Tensor& scores,
                                                          int64_t k) {
