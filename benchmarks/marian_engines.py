@@ -70,10 +70,10 @@ def corpus(sentences: int) -> list[list[str]]:
     """The first ``sentences`` test sentences of make_synthetic.py, as pieces."""
     import subprocess
 
-    out = Path(tempfile.mkdtemp(prefix="marian-bench-data."))
-    subprocess.run([sys.executable, str(SHARED / "make_synthetic.py"), str(out)], check=True,
-                   capture_output=True)  # fmt: skip
-    lines = (out / "test.src").read_text(encoding="utf-8").splitlines()[:sentences]
+    with tempfile.TemporaryDirectory(prefix="marian-bench-data.") as out:
+        subprocess.run([sys.executable, str(SHARED / "make_synthetic.py"), out], check=True,
+                       capture_output=True)  # fmt: skip
+        lines = (Path(out) / "test.src").read_text(encoding="utf-8").splitlines()[:sentences]
     return [line.split() for line in lines]
 
 
@@ -201,20 +201,27 @@ def main() -> int:
 
     import warnings
 
-    import torch
-    from ctranslate2.converters import TransformersConverter
     from transformers.utils import logging as hf_logging
+
+    from wtnmt.runtime import machine_line
 
     hf_logging.set_verbosity_error()  # (generate's notes on max_length, once a batch)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*")
+    print(machine_line(), flush=True)
+    sentences = corpus(args.sentences)
+    with tempfile.TemporaryDirectory(prefix="marian-bench.") as work:  # (~1 GB: removed after)
+        return measure(args, sentences, Path(work))
+
+
+def measure(args: argparse.Namespace, sentences: list[list[str]], work: Path) -> int:
+    """Writes the model into ``work``, converts it, times the engines (main's settings)."""
+    import torch
+    from ctranslate2.converters import TransformersConverter
 
     from wtnmt.export.hf_import import import_hf
     from wtnmt.runtime import machine_line
 
-    print(machine_line(), flush=True)
-    sentences = corpus(args.sentences)
-    work = Path(tempfile.mkdtemp(prefix="marian-bench."))
     folder = work / "opus-mt-en-de-random"
     marian_folder(folder, [p for s in sentences for p in s])
     import_hf(folder, work / "run", say=lambda m: print(m, flush=True))
