@@ -18,7 +18,8 @@ models take turns, one step each on the same batch, in an order that rotates eve
 ``--seconds`` after ``--warmup`` rounds; each step is timed from before it starts to after the
 device has finished it. Printed per model: median milliseconds a step, real target tokens
 (EOS included) per second of its own steps, and its ratio to the floor's without cuDNN's
-attention (the backends wtnmt's models use); ``--json`` writes them.
+attention (the backends wtnmt's models use); ``--json`` writes them, ``--record`` keeps the
+table for docs/BENCHMARKS.md (records.py; the machine: the GPU, torch, the precision, the host).
 ``--device cpu --tiny`` runs the same code on a small shape, to check the script without a GPU.
 """
 
@@ -33,10 +34,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from records import add_record_argument
 from train_speed import Floor, take_turns
 
 VOCAB = 37000
 FLOOR = "floor, no cuDNN attention"  # the ratios' baseline: the kernels wtnmt uses
+NAMES = {  # the table's names of the entries
+    "weighted": "**wtnmt Weighted Transformer**",
+    "transformer": "wtnmt Transformer",
+    FLOOR: "`torch.nn.Transformer` loop, attention without cuDNN's kernel (floor)",
+    "floor (nn.Transformer)": "`torch.nn.Transformer` loop, PyTorch's choice of attention kernel",
+}
 
 
 class WithoutCudnnAttention:
@@ -103,6 +111,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=VOCAB)
     parser.add_argument("--tiny", action="store_true", help="N=1 D=64: a check of the script")
     parser.add_argument("--json", type=Path, help="write the figures here too")
+    add_record_argument(parser)
     args = parser.parse_args()
 
     import torch
@@ -170,6 +179,18 @@ def main() -> None:
               flush=True)  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.record:
+        from records import keep, machine_only
+
+        host = machine_only(machine_line(torch.get_num_threads()))
+        gpu = f"{name}; torch {torch.__version__}; {args.precision} (host: {host})"
+        keep("gpu-train-speed", machine=gpu if device.type == "cuda" else host,
+             headers=["", "ms an update", "tgt tok/s", f"× {FLOOR}"],
+             rows=[[NAMES.get(label, label), f"{m['ms_per_step']:.1f}",
+                    f"{m['tgt_tokens_per_s']:,.0f}", f"{m['x_floor']:.2f}"]
+                   for label, m in result["models"].items()],
+             note=f"{turns.rounds} timed rounds, batches of {args.max_tokens:,} padded source + "
+                  "target tokens")  # fmt: skip
 
 
 if __name__ == "__main__":

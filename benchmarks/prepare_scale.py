@@ -25,6 +25,9 @@ Prints one row per run and, last, the ratio of 1 worker's time to 2 workers' at 
 memory-mapped ids, the update, the final validation and checkpoint), against the same on a
 set of 10,000 pairs prepared alike; the difference of the two peak RSS is what the corpus
 adds beyond the model's own memory.
+
+``--record`` keeps the table (and the training side's peaks, with ``--train-memory``) for
+docs/BENCHMARKS.md (records.py).
 """
 
 from __future__ import annotations
@@ -34,7 +37,6 @@ import contextlib
 import gzip
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -45,6 +47,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from records import add_record_argument  # noqa: E402
 
 
 def multi30k_lines(lang: str, split: str = "train") -> list[str]:
@@ -182,10 +186,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench-data" / "prepare-scale")
     parser.add_argument("--vocab-size", type=int, default=16_000)
     parser.add_argument("--train-memory", action="store_true", help="see the docstring")
+    add_record_argument(parser)
     args = parser.parse_args()
-    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores", flush=True)
+    from wtnmt.runtime import machine_line
+
+    print(machine_line(), flush=True)
     extra = dev_test(args.out)
     times: dict[tuple[int, int], float] = {}
+    rows: list[list[str]] = []
+    notes = [f"A {args.vocab_size:,}-piece vocabulary"]
     head = ("pairs", "workers", "seconds", "peak PSS GB", "main RSS GB")
     print(
         " ".join(f"{h:>{w}}" for h, w in zip(head, (10, 7, 8, 11, 11), strict=True)), " steps (s)"
@@ -198,11 +207,15 @@ def main() -> None:
                 src, tgt, extra, prepared, workers, args.vocab_size
             )
             times[size, workers] = seconds
+            laps = [f"{steps.get(k, 0.0):.1f}" for k in ("read", "vocabulary", "encode")]
+            rows.append([f"{size:,}", str(workers), f"{seconds:.1f}", f"{pss:.2f}", *laps])
             laps = " ".join(f"{k} {v:.1f}" for k, v in steps.items())
             print(f"{size:>10,} {workers:>7} {seconds:>8.1f} {pss:>11.2f} {rss:>11.2f}  {laps}")
     if 1 in args.workers and 2 in args.workers:
         ratios = "  ".join(f"{s:,}: {times[s, 1] / times[s, 2]:.2f}x" for s in args.sizes)
         print(f"1 worker's time / 2 workers': {ratios}")
+        notes.append("two workers against one: " + ", ".join(
+            f"{times[s, 1] / times[s, 2]:.2f}×" for s in args.sizes) + " the speed")  # fmt: skip
     if args.train_memory:
         peaks = {}
         for size in (10_000, max(args.sizes)):
@@ -218,6 +231,15 @@ def main() -> None:
             print(f"wtnmt train, weighted-small, 1 update on {size:,} pairs: {peaks[size]:.2f} GB")
         big = max(args.sizes)
         print(f"the corpus adds {peaks[big] - peaks[10_000]:.2f} GB at {big:,} pairs")
+        notes.append(f"training (`weighted-small`, one update, validation and checkpoint) "
+                     f"peaked at {peaks[big]:.2f} GB on {big:,} pairs against "
+                     f"{peaks[10_000]:.2f} GB on 10,000")  # fmt: skip
+    if args.record:
+        from records import keep
+
+        keep("prepare-scale", machine=machine_line(), rows=rows,
+             headers=["pairs", "workers", "seconds", "peak memory (GB)", "read", "vocabulary",
+                      "encode"], note="; ".join(notes) + ".")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@ the limit must get 429 and the server must stay up.
     .venv/bin/python benchmarks/serve_load.py runs/demo          # after `make demo`
     .venv/bin/python benchmarks/serve_load.py runs/demo --onnxruntime   # and that engine
 
+``--record`` keeps the table (batching against one-by-one at each level, and what the small
+queue did) for docs/BENCHMARKS.md (records.py).
+
 Every request goes to 127.0.0.1 only; each level stops after --seconds or --max-requests.
 """
 
@@ -27,6 +30,8 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from records import add_record_argument
 from wtnmt.config import load_config
 from wtnmt.runtime import machine_line
 
@@ -157,6 +162,7 @@ def main() -> int:
         action="store_true",
         help="also a batching server on `--engine onnxruntime`, in the same alternation",
     )
+    add_record_argument(parser)
     args = parser.parse_args()
     print(machine_line(args.threads), flush=True)
     if not (args.run_dir / "model.safetensors").is_file():
@@ -226,7 +232,36 @@ def main() -> int:
         f"past the queue limit: {refused} requests got 429, server "
         f"{'still up' if survived else 'DOWN'}"
     )
+    if args.record:
+        record(args, levels, results, over, survived, len(sentences))
     return 0
+
+
+def record(args, levels, results, over, survived, sentences) -> None:  # type: ignore[no-untyped-def]
+    """Keeps the table docs/BENCHMARKS.md shows (records.py)."""
+    from records import keep
+
+    def cells(r: dict) -> list[str]:  # type: ignore[type-arg]
+        return [f"{r['sentences_per_s']:,.1f}", f"{r['p50'] * 1000:,.0f} / {r['p99'] * 1000:,.0f}"]
+
+    rows = []
+    for c in levels:
+        b, s = results["batching", c], results["one-by-one", c]
+        rows.append([str(c), *cells(b), f"{b['mean_batch']:.1f}", *cells(s)])
+    top = max(levels)
+    speed = {c: results["batching", c]["sentences_per_s"] / results["one-by-one", c]
+             ["sentences_per_s"] for c in levels}  # fmt: skip
+    refused = over["errors"].get(429, 0)
+    note = (
+        f"{args.run_dir.name}'s model, {sentences:,} sentences; each level {args.seconds:g} s or "
+        f"{args.max_requests:,} requests a mode, alternating. At {top} clients batching serves "
+        f"{speed[top]:.2f}× one-by-one's sentences. With a queue of {args.overload_queue} under "
+        f"{top} clients, {refused:,} requests got 429 and the server "
+        f"{'stayed up' if survived else 'went DOWN'}."
+    )
+    headers = ["concurrency", "batching sent/s", "p50 / p99 ms", "mean batch",
+               "one-by-one sent/s", "p50 / p99 ms"]  # fmt: skip
+    keep("serve-load", machine=machine_line(args.threads), headers=headers, rows=rows, note=note)
 
 
 if __name__ == "__main__":
