@@ -20,6 +20,21 @@ def test_the_guides_tables_are_the_ones_the_records_make():
     assert len(document.splitlines()) <= 400, "a guide: the history in benchmarks/records/NOTES.md"
 
 
+def test_every_table_of_the_guide_is_made_from_records():
+    """No hand-written table: each table row of BENCHMARKS.md is inside a ``bench:`` block."""
+    inside, loose = False, []
+    for number, line in enumerate(
+        (ROOT / "docs" / "BENCHMARKS.md").read_text(encoding="utf-8").splitlines(), 1
+    ):
+        if line.startswith("<!-- bench:"):
+            inside = True
+        elif line.startswith("<!-- /bench:"):
+            inside = False
+        elif line.startswith("|") and not inside:
+            loose.append(number)
+    assert loose == [], f"table rows outside the records' blocks at lines {loose}"
+
+
 def test_a_changed_figure_is_found_and_a_new_record_becomes_the_table(tmp_path):
     head = ["engine", "greedy"]
     records.keep("probe", machine="cpu A", command="python x.py", headers=head,
