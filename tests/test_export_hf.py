@@ -8,8 +8,9 @@ settings match (fairseq's length penalty, the same length limit); ``pipeline("tr
 wtnmt's text where transformers has it. Where ``generate`` cannot express a run's setting
 (GNMT's length penalty) the test shows what it does instead. Refusals are one line and write
 nothing; the model card carries the run's scores with their signatures and the learned κ, α.
-Offline: the models are trained in the test (a few hundred updates: random weights give
-tie-prone outputs)."""
+A Transformer trained with ``model.decoder_start: zero`` gets OPUS-MT's layout, which
+CTranslate2's own converter turns into a model giving wtnmt's tokens. Offline: the models are
+trained in the test (a few hundred updates: random weights give tie-prone outputs)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from helpers import one_line, sentence, tiny_run_config
 from wtnmt import Translator
 from wtnmt.cli import main as cli
 from wtnmt.decode.search import search_batch
-from wtnmt.special import EOS, PAD
+from wtnmt.special import EOS
 from wtnmt.train import Trainer
 
 SENTENCES = [sentence(30_000 + i, 2 + i % 6) for i in range(16)]
@@ -99,7 +100,8 @@ def _generated(hf, tokenizer, text: str, **options) -> list[int]:  # type: ignor
     batch = tokenizer([text], return_tensors="pt")
     with torch.no_grad():
         out = hf.generate(**batch, max_new_tokens=LIMIT + 1, **options)[0].tolist()
-    return [t for t in out[1:] if t != PAD]  # after the decoder's start, before padding
+    pad = hf.config.pad_token_id  # (the zero-start layout's is its own)
+    return [t for t in out[1:] if t != pad]  # after the decoder's start, before padding
 
 
 def test_the_auto_classes_load_a_marian_model_with_wtnmts_ids(exported):
@@ -300,12 +302,71 @@ def test_the_model_card_of_a_weighted_transformer_shows_its_kappa_and_alpha(expo
 
 def test_ctranslate2s_own_converter_refuses_the_export(exported, tmp_path):
     """CTranslate2's `transformers` converter reads a Marian folder as OPUS-MT's: ``<pad>`` the
-    last token, dropped, and the decoder started from a zero vector. A wtnmt model starts from
-    ``<s>``'s learned embedding, which that converter cannot express: it refuses the folder
-    (``wtnmt export ctranslate2`` maps the model exactly; docs/EXPORT.md). Should a release
-    convert it, this test says so, and whether its translations are wtnmt's is to be checked."""
+    last token, dropped, and the decoder started from a zero vector. A wtnmt model started from
+    ``<s>``'s learned embedding cannot be expressed so: it refuses the folder (``wtnmt export
+    ctranslate2`` maps the model exactly; a model trained with ``model.decoder_start: zero``
+    converts: the tests below). Should a release convert it, this test says so."""
     ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed")
 
     _, out = exported
     with pytest.raises(ValueError, match="vocabulary"):
         ctranslate2.converters.TransformersConverter(str(out)).convert(str(tmp_path / "ct2"))
+
+
+@pytest.fixture(scope="module")
+def zero_start(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """A Transformer trained with ``model.decoder_start: zero`` (Marian's convention)."""
+    model = {"attention": "multihead", "decoder_start": "zero"}
+    return _export(tmp_path_factory, "joint-zero-start", model, {})
+
+
+def test_a_zero_start_models_start_row_stays_zero_and_its_export_has_opus_mts_layout(zero_start):
+    from wtnmt.special import BOS
+
+    run, out = zero_start
+    weight = Translator.load(run).model.embedding.weight
+    assert torch.count_nonzero(weight[BOS]) == 0  # made zero, never trained
+    assert torch.count_nonzero(weight[BOS + 2 :], dim=1).min() > 0  # the others trained
+    config = json.loads((out / "config.json").read_text())
+    vocab = json.loads((out / "vocab.json").read_text())
+    last = len(vocab) - 1
+    assert last == weight.size(0) and vocab["<pad>"] == last  # one more id, <pad>, last
+    assert config["pad_token_id"] == config["decoder_start_token_id"] == last
+    from safetensors.torch import load_file
+
+    state = load_file(str(out / "model.safetensors"))
+    assert torch.count_nonzero(state["model.shared.weight"][last]) == 0
+    assert state["final_logits_bias"][0, last] == -1e4
+
+
+def test_generate_finds_a_zero_start_models_greedy_and_beam_tokens(zero_start):
+    _same_searches(*zero_start, remote=False)
+
+
+def test_ctranslate2s_own_converter_translates_a_zero_start_export(zero_start, tmp_path):
+    """The independent path: CTranslate2's `transformers` converter on the folder, used as its
+    users use it (the SentencePiece pieces and ``</s>``), gives wtnmt's tokens on every
+    sentence, greedy and beam (ranked by the log-probability alone: CTranslate2's length
+    normalisation is neither of wtnmt's forms), wtnmt's ``<pad>`` and ``<s>`` suppressed as
+    wtnmt's search never emits them."""
+    ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed")
+
+    run, out = zero_start
+    ctranslate2.converters.TransformersConverter(str(out)).convert(str(tmp_path / "ct2"))
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
+    t = Translator.load(run)
+    sp = t.vocab.source.sp
+    suppressed = [["<unused-pad>"], ["<s>"]]
+    for ids in t.encode(SENTENCES):
+        src = torch.tensor([[*ids, EOS]])
+        pieces = [sp.id_to_piece(i) for i in ids] + ["</s>"]
+        for beam in (1, 4):
+            found = search_batch(
+                t.model, src, beam=beam, max_len=LIMIT, alpha=0.0, penalty_form="fairseq"
+            )[0][0]
+            theirs = translator.translate_batch(
+                [pieces], beam_size=beam, length_penalty=0.0, max_decoding_length=LIMIT,
+                suppress_sequences=suppressed, min_decoding_length=0,
+            )[0].hypotheses[0]  # fmt: skip
+            want = [t.vocab.target.sp.id_to_piece(i) for i in found.tokens]
+            assert [p for p in theirs if p != "</s>"] == want, (pieces, beam)

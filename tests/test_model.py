@@ -101,6 +101,31 @@ def test_tied_embeddings_share_one_matrix():
     assert model.embedding.weight.grad is not None
 
 
+def test_a_zero_start_model_starts_from_a_zero_vector_and_never_trains_that_row():
+    """``decoder_start: zero`` (Marian's convention): ``<s>``'s row is zero when made, gets no
+    gradient in training (an optimizer step leaves it zero), and is zeroed again when weights
+    that started from ``<s>``'s learned row are loaded (train.init_from)."""
+    torch.manual_seed(0)
+    model = build_model(tiny(attention="multihead", decoder_start="zero"), vocab_size=V).train()
+    assert torch.count_nonzero(model.embedding.weight[BOS]) == 0
+    src, tgt = batch()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.1)
+    model(src, tgt).logits.logsumexp(-1).sum().backward()  # (every logit gets a gradient)
+    assert torch.count_nonzero(model.embedding.weight.grad[BOS]) == 0
+    assert torch.count_nonzero(model.embedding.weight.grad[BOS + 2 :], dim=1).min() > 0
+    optimizer.step()
+    assert torch.count_nonzero(model.embedding.weight[BOS]) == 0
+    learned = build_model(tiny(attention="multihead"), vocab_size=V)
+    assert torch.count_nonzero(learned.embedding.weight[BOS]) > 0
+    model.load_state_dict(learned.state_dict())
+    assert torch.count_nonzero(model.embedding.weight[BOS]) == 0
+    assert torch.equal(model.embedding.weight[BOS + 1 :], learned.embedding.weight[BOS + 1 :])
+    # the first input is the zero vector plus the first position, in training and decoding
+    model.eval()
+    start = model.embed(torch.tensor([[BOS]]))[0, 0]
+    assert torch.equal(start, model.positions(1)[0])
+
+
 # --------------------------------------------------------------------------------------------
 # Causality and padding
 

@@ -31,6 +31,10 @@ class ModelConfig:
     attention_bias: bool = False
     # a bias added to the output logits (Marian's final_logits_bias)
     output_bias: bool = False
+    # the decoder's first input: `<s>`'s learned embedding (bos), or a zero vector (zero:
+    # Marian's convention, `<s>`'s row held at zero, which CTranslate2's converter of a
+    # Marian folder assumes: docs/EXPORT.md)
+    decoder_start: Literal["bos", "zero"] = "bos"
     # layer norm after each sublayer (post, the paper's) or before it (pre)
     norm: Literal["post", "pre"] = "post"
     # sinusoidal or learned position embeddings

@@ -14,6 +14,11 @@ Every difference is mapped exactly:
 - The decoder starts from ``<s>`` (Marian's own models start from ``<pad>``):
   ``decoder_start_token_id`` says so; the source ends with ``</s>`` as Marian's tokenizer
   makes it; ``<pad>`` and ``<s>`` are never generated (``bad_words_ids``), as in wtnmt's search.
+- A model trained with ``model.decoder_start: zero`` (``<s>``'s row zero, Marian's convention)
+  and one vocabulary gets OPUS-MT's layout as CTranslate2's converter reads it: wtnmt's ids,
+  wtnmt's ``<pad>`` named ``<unused-pad>``, then one more id, ``<pad>``, last: a zero row, the
+  decoder's start and the batches' padding, its logit biased by −10⁴ (its share of the
+  softmax is 0 in float32, so the softmax is wtnmt's; the converter drops that row).
 - Joint vocabulary: one embedding shared by encoder, decoder and output
   (``share_encoder_decoder_embeddings``); separate: the source's its own, the decoder's tied
   to the output.
@@ -60,15 +65,29 @@ def sines_first(d_model: int) -> Tensor:
     return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
 
 
+ZERO_START_PAD = "<unused-pad>"  # wtnmt's <pad> in the zero-start layout (its name is taken)
+OUT_OF_SOFTMAX = -1e4  # a logit whose exp is 0 beside any real one, in float32
+
+
+def zero_start_pad(model, config, vocab) -> int | None:  # type: ignore[no-untyped-def]
+    """The id of the extra ``<pad>`` row of the zero-start layout (the module docstring), or
+    None where the export keeps wtnmt's ids alone."""
+    if config.model.decoder_start != "zero" or not vocab.joint:
+        return None
+    return int(model.embedding.weight.size(0))
+
+
 def marian_config(model, config, vocab):  # type: ignore[no-untyped-def]
     """The ``MarianConfig`` of wtnmt's Transformer ``model`` (its run's ``config``)."""
     from transformers import MarianConfig
 
     m, enc, dec = config.model, model.encoder_layers, model.decoder_layers
     source = getattr(model, "source_embedding", model.embedding).weight.size(0)
+    extra = zero_start_pad(model, config, vocab)
+    grow = 0 if extra is None else 1
     return MarianConfig(
-        vocab_size=source,
-        decoder_vocab_size=model.embedding.weight.size(0),
+        vocab_size=source + grow,
+        decoder_vocab_size=model.embedding.weight.size(0) + grow,
         share_encoder_decoder_embeddings=vocab.joint,
         tie_word_embeddings=True,
         d_model=model.embedding.weight.size(1),
@@ -84,17 +103,18 @@ def marian_config(model, config, vocab):  # type: ignore[no-untyped-def]
         dropout=m.dropout,
         attention_dropout=m.attention_dropout,
         activation_dropout=m.activation_dropout,
-        pad_token_id=PAD,
+        pad_token_id=PAD if extra is None else extra,
         eos_token_id=EOS,
         bos_token_id=BOS,
-        decoder_start_token_id=BOS,
+        decoder_start_token_id=BOS if extra is None else extra,
         forced_eos_token_id=None,  # (generation_config.json's: a search setting)
         architectures=["MarianMTModel"],
     )
 
 
-def marian_state(model) -> dict[str, Tensor]:  # type: ignore[no-untyped-def]
-    """``MarianMTModel``'s weights from wtnmt's Transformer, hidden dimensions permuted."""
+def marian_state(model, zero_start: bool = False) -> dict[str, Tensor]:  # type: ignore[no-untyped-def]
+    """``MarianMTModel``'s weights from wtnmt's Transformer, hidden dimensions permuted;
+    ``zero_start``: with the zero-start layout's extra ``<pad>`` row."""
     d = model.embedding.weight.size(1)
     p = sines_first(d)
     out: dict[str, Tensor] = {}
@@ -126,16 +146,17 @@ def marian_state(model) -> dict[str, Tensor]:  # type: ignore[no-untyped-def]
 
     target = model.embedding.weight[:, p]
     source = getattr(model, "source_embedding", model.embedding).weight[:, p]
+    logits_bias = model.embedding.bias
+    logits_bias = torch.zeros(target.size(0)) if logits_bias is None else logits_bias.detach()
+    if zero_start:  # (one vocabulary: source is target)
+        target = source = torch.cat([target, target.new_zeros(1, d)])
+        logits_bias = torch.cat([logits_bias, logits_bias.new_full((1,), OUT_OF_SOFTMAX)])
     if getattr(model, "source_embedding", None) is None:
         put("model.shared.weight", target)
     put("model.encoder.embed_tokens.weight", source)
     put("model.decoder.embed_tokens.weight", target)
     put("lm_head.weight", target)
-    logits_bias = model.embedding.bias
-    put(
-        "final_logits_bias",
-        torch.zeros(1, target.size(0)) if logits_bias is None else logits_bias.view(1, -1),
-    )
+    put("final_logits_bias", logits_bias.view(1, -1))
     for i, layer in enumerate(model.encoder_layers):
         name = f"model.encoder.layers.{i}"
         attention(f"{name}.self_attn", layer.self_attn)
@@ -161,7 +182,7 @@ def marian_model(model, config, vocab):  # type: ignore[no-untyped-def]
     from transformers import MarianMTModel
 
     hf = MarianMTModel(marian_config(model, config, vocab)).eval()
-    state = marian_state(model)
+    state = marian_state(model, zero_start=zero_start_pad(model, config, vocab) is not None)
     missing, unexpected = hf.load_state_dict(state, strict=False)
     missing = [k for k in missing if k not in state and "shared" not in k]
     if missing or unexpected:  # (a transformers release that renamed Marian's weights)
@@ -172,19 +193,24 @@ def marian_model(model, config, vocab):  # type: ignore[no-untyped-def]
     return hf
 
 
-def _ids(vocab) -> dict[str, int]:  # type: ignore[no-untyped-def]
-    return {piece: i for i, piece in enumerate(pieces(vocab))}
+def _ids(vocab, extra: int | None = None) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    names = pieces(vocab)
+    if extra is not None:  # the zero-start layout: <pad> last, wtnmt's renamed
+        names[PAD] = ZERO_START_PAD
+        names.append("<pad>")
+    return {piece: i for i, piece in enumerate(names)}
 
 
-def write_tokenizer(vocab, config, out: Path) -> None:  # type: ignore[no-untyped-def]
-    """Marian's tokenizer files: the run's SentencePiece model(s) and the piece → id maps."""
+def write_tokenizer(vocab, config, out: Path, extra: int | None = None) -> None:  # type: ignore[no-untyped-def]
+    """Marian's tokenizer files: the run's SentencePiece model(s) and the piece → id maps
+    (``extra``: the zero-start layout's ``<pad>`` id)."""
     from transformers import MarianTokenizer
 
     work = out / ".tokenizer"
     work.mkdir()
     shutil.copyfile(vocab.source.path, work / "source.spm")
     shutil.copyfile(vocab.target.path, work / "target.spm")
-    (work / "vocab.json").write_text(json.dumps(_ids(vocab.source), ensure_ascii=False))
+    (work / "vocab.json").write_text(json.dumps(_ids(vocab.source, extra), ensure_ascii=False))
     target_vocab = None
     if not vocab.joint:
         target_vocab = work / "target_vocab.json"
@@ -203,20 +229,21 @@ def write_tokenizer(vocab, config, out: Path) -> None:  # type: ignore[no-untype
     shutil.rmtree(work)
 
 
-def generation_config(config, *, cache: bool = True):  # type: ignore[no-untyped-def]
+def generation_config(config, *, cache: bool = True, extra: int | None = None):  # type: ignore[no-untyped-def]
     """The run's search as ``generate`` takes it (what it cannot take: the module docstring);
-    ``cache``: whether the model keeps keys and values (the shipped code recomputes)."""
+    ``cache``: whether the model keeps keys and values (the shipped code recomputes);
+    ``extra``: the zero-start layout's ``<pad>`` id."""
     from transformers import GenerationConfig
 
     d = config.decode
     return GenerationConfig(
         use_cache=cache,
-        decoder_start_token_id=BOS,
+        decoder_start_token_id=BOS if extra is None else extra,
         bos_token_id=BOS,
         eos_token_id=EOS,
-        pad_token_id=PAD,
+        pad_token_id=PAD if extra is None else extra,
         forced_eos_token_id=EOS,
-        bad_words_ids=[[PAD], [BOS]],
+        bad_words_ids=[[PAD], [BOS]] + ([] if extra is None else [[extra]]),
         num_beams=d.beam,
         length_penalty=d.length_penalty,
         early_stopping=True,  # a sentence's search ends with its beam's first hypotheses
@@ -261,14 +288,15 @@ def export_hf(run: str | Path, out: str | Path, *, weights: str = "model.safeten
     from wtnmt.export.model_card import model_card
 
     marian = marian_unsupported(config.model) is None
+    extra = zero_start_pad(model, config, vocab) if marian else None
     with written_whole(out) as work:
         if marian:
             marian_model(model, config, vocab).save_pretrained(str(work))
         else:
             remote_model(model, config).save_pretrained(str(work))
             bundle(work)
-        generation_config(config, cache=marian).save_pretrained(str(work))
-        write_tokenizer(vocab, config, work)
+        generation_config(config, cache=marian, extra=extra).save_pretrained(str(work))
+        write_tokenizer(vocab, config, work, extra)
         for name in vocabulary_files(vocab.joint):  # wtnmt's own names too (wtnmt import)
             shutil.copyfile(Path(run) / name, work / name)
         card = model_card(Path(run), config, weights, model=model, marian=marian)

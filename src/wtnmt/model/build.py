@@ -12,7 +12,7 @@ from wtnmt.model.embedding import Positions, TokenEmbedding
 from wtnmt.model.layers import DecoderLayer, EncoderLayer, FeedForward
 from wtnmt.model.transformer import Seq2Seq
 from wtnmt.model.transparent import TransparentCombination
-from wtnmt.special import PAD
+from wtnmt.special import BOS, PAD
 
 
 def build_model(
@@ -109,7 +109,11 @@ def build_model(
         )
     model = Seq2Seq(
         embedding=TokenEmbedding(
-            vocab_size=vocab_size, d_model=c.d_model, pad_id=pad_id, output_bias=c.output_bias
+            vocab_size=vocab_size,
+            d_model=c.d_model,
+            pad_id=pad_id,
+            output_bias=c.output_bias,
+            zero_row=BOS if c.decoder_start == "zero" else None,
         ),
         source_embedding=None
         if source_vocab_size is None

@@ -15,29 +15,58 @@ class TokenEmbedding(nn.Module):
     embeddings scaled by √D (Vaswani et al. §3.4)."""
 
     def __init__(
-        self, *, vocab_size: int, d_model: int, pad_id: int, output_bias: bool = False
+        self,
+        *,
+        vocab_size: int,
+        d_model: int,
+        pad_id: int,
+        output_bias: bool = False,
+        zero_row: int | None = None,
     ) -> None:
+        """``zero_row``: a row held at zero (model.decoder_start: zero, ``<s>``'s): zero when
+        made and when loaded, and never trained (training multiplies by the matrix with that
+        row zeroed, so no gradient reaches it), so that every engine and export reading the
+        matrix sees a zero vector there."""
         super().__init__()
         self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
         # a bias on the logits (model.output_bias: Marian's final_logits_bias), or none
         self.bias = nn.Parameter(torch.zeros(vocab_size)) if output_bias else None
         self.scale = math.sqrt(d_model)
         self.pad_id = pad_id
+        self.zero_row = zero_row
         # N(0, D^-1/2): the scaled embedding then has unit variance, as the positions do
         nn.init.normal_(self.weight, std=d_model**-0.5)
         with torch.no_grad():
             self.weight[pad_id].zero_()
+        self._hold_zero_row()
         self._output = PackedLinear()  # decoding's output projection, packed for oneDNN
+
+    def _hold_zero_row(self) -> None:
+        if self.zero_row is not None:
+            with torch.no_grad():
+                self.weight[self.zero_row].zero_()
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super()._load_from_state_dict(*args, **kwargs)
+        self._hold_zero_row()  # (weights from a run that started from <s>: train.init_from)
+
+    def _matrix(self) -> Tensor:
+        """The [V, D] matrix; in training with ``zero_row`` that row zeroed in the graph, so
+        that its gradient is zero."""
+        if self.zero_row is None or not self.training:
+            return self.weight
+        row = torch.tensor([self.zero_row], device=self.weight.device)
+        return self.weight.index_fill(0, row, 0.0)
 
     def packed_linears(self) -> tuple[PackedLinear, ...]:
         """The products this module packs for decoding (see ``packed.quantize_decoding``)."""
         return (self._output,)
 
     def forward(self, tokens: Tensor) -> Tensor:
-        return nn.functional.embedding(tokens, self.weight, self.pad_id) * self.scale
+        return nn.functional.embedding(tokens, self._matrix(), self.pad_id) * self.scale
 
     def logits(self, x: Tensor) -> Tensor:
-        return self._output(x, self.weight, self.bias)  # x·Eᵀ (+ b): [..., D] → [..., V]
+        return self._output(x, self._matrix(), self.bias)  # x·Eᵀ (+ b): [..., D] → [..., V]
 
 
 def sinusoid_table(length: int, d_model: int) -> Tensor:
