@@ -20,7 +20,7 @@ from helpers import one_line, sentence, translate, write_pairs
 from wtnmt import Translator
 from wtnmt.cli import main as cli
 from wtnmt.decode.search import search_batch
-from wtnmt.special import EOS
+from wtnmt.special import BOS, EOS
 
 SENTENCES = [sentence(40_000 + i, 2 + i % 6) for i in range(14)]
 LIMIT = 14  # tokens before EOS is forced, in both searches
@@ -268,6 +268,11 @@ def test_a_fine_tune_starts_from_the_imported_weights(imported, tmp_path):
     assert tuned.translate(SENTENCES[:2])  # (it decodes; its weights moved)
     after = read_weights(tmp_path / "tuned" / "model.safetensors")
     assert not torch.equal(after["embedding.bias"], weights["embedding.bias"])
+    # Marian starts from a zero vector (its start row zero): the run says so, and the
+    # fine-tune kept that row at zero while every other moved
+    assert config.model.decoder_start == "zero"
+    assert not after["embedding.weight"][BOS].any() and not weights["embedding.weight"][BOS].any()
+    assert not torch.equal(after["embedding.weight"][EOS], weights["embedding.weight"][EOS])
 
 
 def test_export_hf_of_the_imported_run_is_marians_model_again(imported, tmp_path):

@@ -20,6 +20,9 @@ huggingface.py's export:
   ``target.spm``) becomes wtnmt's separate vocabularies (``data.joint_vocab: false``) over the
   same ids, the source embedding a copy of the shared one (a fine-tune trains the two apart);
   one model for both sides stays joint.
+- Where Marian's start row is zero (OPUS-MT's conversion from Marian leaves it so: Marian
+  starts its decoder from a zero vector), the run says ``model.decoder_start: zero``, so that a
+  fine-tune keeps that row at zero as Marian would.
 """
 
 from __future__ import annotations
@@ -208,9 +211,10 @@ def wtnmt_state(marian, source: MarianVocabulary, target: MarianVocabulary, join
     return out
 
 
-def _config(marian, joint: bool, sizes, langs, generation):  # type: ignore[no-untyped-def]
+def _config(marian, joint: bool, sizes, langs, generation, zero_start: bool):  # type: ignore[no-untyped-def]
     """The run's config.yaml (a dict): the model Marian's, the data section a record of where
-    it came from (a fine-tune gives its own), the search the folder's generation config's."""
+    it came from (a fine-tune gives its own), the search the folder's generation config's;
+    ``zero_start``: Marian's start row is zero."""
     c = marian.config
     model = {
         "attention": "multihead",
@@ -228,6 +232,7 @@ def _config(marian, joint: bool, sizes, langs, generation):  # type: ignore[no-u
         "activation": ACTIVATIONS[c.activation_function],
         "attention_bias": True,
         "output_bias": True,
+        "decoder_start": "zero" if zero_start else "bos",
     }
     data = {  # (a fine-tune's config names its own files over these: README, "fine-tune")
         "corpus": None,
@@ -331,7 +336,8 @@ def import_hf(
     generation: dict[str, Any] = {}
     if (folder / "generation_config.json").is_file():
         generation = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
-    values = _config(marian, joint, (len(source), len(target)), langs, generation)
+    zero_start = not bool(state["embedding.weight"][BOS].any())
+    values = _config(marian, joint, (len(source), len(target)), langs, generation, zero_start)
     try:
         config = config_from_dict(values)
     except ConfigError as e:
