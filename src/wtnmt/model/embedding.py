@@ -34,6 +34,8 @@ class TokenEmbedding(nn.Module):
         self.scale = math.sqrt(d_model)
         self.pad_id = pad_id
         self.zero_row = zero_row
+        if zero_row is not None:  # (the index _matrix fills, on the weight's device)
+            self.register_buffer("_zero_index", torch.tensor([zero_row]), persistent=False)
         # N(0, D^-1/2): the scaled embedding then has unit variance, as the positions do
         nn.init.normal_(self.weight, std=d_model**-0.5)
         with torch.no_grad():
@@ -55,8 +57,7 @@ class TokenEmbedding(nn.Module):
         that its gradient is zero."""
         if self.zero_row is None or not self.training:
             return self.weight
-        row = torch.tensor([self.zero_row], device=self.weight.device)
-        return self.weight.index_fill(0, row, 0.0)
+        return self.weight.index_fill(0, self._zero_index, 0.0)
 
     def packed_linears(self) -> tuple[PackedLinear, ...]:
         """The products this module packs for decoding (see ``packed.quantize_decoding``)."""

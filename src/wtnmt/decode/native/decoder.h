@@ -194,6 +194,8 @@ class Decoder {
     return pre_norm_ ? sum : norm(sum, w, b);
   }
 
+  int64_t vocab_size() const { return embedding_.size(0); }
+
  private:
   Tensor embedding_;
   double scale_;

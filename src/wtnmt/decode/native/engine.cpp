@@ -133,16 +133,15 @@ class Engine {
       }
       const Tensor last = prefix.select(1, prefix.size(1) - 1);
       Tensor top, origin, token;
-      Tensor logits;  // (fused, one model, no forced prefix: search_ops.h's beam_pick)
-      if (fused_ && models_.size() == 1 && t >= target_prefix.size(1))
-        logits = models_[0]->step(last, t, st[0], own, &path).to(at::kFloat).contiguous();
-      if (logits.defined() && logits.size(1) > 4 * kBlock) {
+      // fused, one model, past the forced prefix, a vocabulary of more than four blocks:
+      // search_ops.h's beam_pick on the logits
+      if (fused_ && models_.size() == 1 && t >= target_prefix.size(1) &&
+          models_[0]->vocab_size() > 4 * kBlock) {
+        Tensor logits = models_[0]->step(last, t, st[0], own, &path).to(at::kFloat).contiguous();
         std::tie(top, origin, token) =
             beam_pick(logits, scores, t, min_len, forced, pad_, bos_, eos_, 2 * beam);
       } else {
-        Tensor lprobs = logits.defined() ? at::log_softmax(logits, -1)
-                                         : next(last, t, st, own, &path);
-        lprobs = lprobs.view({n, group, -1});
+        Tensor lprobs = next(last, t, st, own, &path).view({n, group, -1});
         constrain(lprobs, t, min_len, forced, pad_, bos_, eos_);
         if (t < target_prefix.size(1))  // the forced prefix of the sentences still searched
           force_tokens(lprobs, target_prefix.index_select(0, active).select(1, t), pad_);
